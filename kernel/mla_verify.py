@@ -1,0 +1,285 @@
+"""MLA tree-verify attention: the public function and its plan()/run() halves.
+
+``mla_verify_attention`` is the one-call API. A serving engine that captures CUDA graphs
+uses the halves instead: ``MLAVerifyWrapper.plan`` reads the batch's lengths on the host,
+decides the work decomposition and writes it into buffers the wrapper owns; ``run`` only
+launches device work into caller-owned ``out`` and workspace, so it can be captured.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, default_tile_config, plan_work
+from kernel.triton_kernels import _mla_verify_combine_kernel, _mla_verify_split_kernel
+from kernel.validation import check_dims, check_inputs, check_lengths, kv_rows
+
+LOG2E = 1.4426950408889634
+COMBINE_SPLITS = 32  # splits merged per load in the combine kernel
+COMBINE_COLS = 128  # output columns per combine program
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+if interpreting():
+    from kernel import _interpreter_compat
+
+    _interpreter_compat.install()
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+@dataclass
+class Workspace:
+    """Split partials: fp32 ``partial_o`` [max_work, BLOCK_M, BLOCK_DV] and ``partial_lse`` [max_work, BLOCK_M]."""
+
+    partial_o: torch.Tensor
+    partial_lse: torch.Tensor
+
+    @staticmethod
+    def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device) -> "Workspace":
+        return Workspace(
+            torch.empty((max_work, config.block_m, dims.block_dv), dtype=torch.float32, device=device),
+            torch.empty((max_work, config.block_m), dtype=torch.float32, device=device),
+        )
+
+    def fits(self, plan: MLAVerifyPlan) -> bool:
+        """Whether this workspace can hold ``plan``'s split partials (trivially, if it has none)."""
+        return not plan.needs_combine or (
+            self.partial_o.shape[0] >= plan.num_work
+            and self.partial_o.shape[1] == plan.config.block_m
+            and self.partial_o.shape[2] == plan.dims.block_dv
+        )
+
+
+def make_plan(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    num_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    device: torch.device,
+    config: TileConfig | None = None,
+) -> MLAVerifyPlan:
+    """Plan a call from int32 [B+1] ``qo_indptr`` / ``kv_indptr`` (read on the host: one sync)."""
+    check_dims(head_dim, v_head_dim)
+    qo = qo_indptr.tolist()
+    kv = kv_indptr.tolist()
+    if qo[0] != 0:
+        raise ValueError(f"Expected qo_indptr[0] == 0, got {qo[0]}")
+    qo_lens = [b - a for a, b in zip(qo, qo[1:])]
+    kv_lens = [b - a for a, b in zip(kv, kv[1:])]
+    dims = HeadDims.of(head_dim, v_head_dim)
+    if config is None:
+        max_rows = max(qo_lens) * num_heads if qo_lens else 1
+        config = default_tile_config(max_rows, dims, _num_sms(device), interpreting())
+    return plan_work(qo_lens, kv_lens, num_heads, dims, config)
+
+
+def run_plan(
+    plan: MLAVerifyPlan,
+    plan_tensors: dict[str, torch.Tensor],
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor | None,
+    sm_scale: float,
+    out: torch.Tensor,
+    workspace: Workspace,
+    combine: bool = True,
+):
+    """Launch the split kernel and, when a row block has several splits, the combine kernel.
+
+    q: [N, H, D].  kv: [num_slots, D].  out: [N, H, DV] (written).  Returns the compiled
+    split kernel (for register / spill statistics). ``combine=False`` leaves the split
+    partials unmerged (for timing the split kernel alone).
+    """
+    cfg, dims = plan.config, plan.dims
+    if plan.num_work == 0:
+        return None
+    assert workspace.fits(plan), "workspace smaller than the plan"
+    upcast = interpreting()
+    causal = tree_mask is None
+    mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)  # any pointer when causal
+    dv_splits = cfg.dv_splits
+    assert dims.block_dv % dv_splits == 0 and dims.block_dv // dv_splits >= 16
+    compiled = _mla_verify_split_kernel[(plan.num_work, dv_splits)](
+        q, kv, kv_indices, mask_arg, out, workspace.partial_o, workspace.partial_lse,
+        qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
+        plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
+        plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
+        plan.num_heads, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
+        D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
+        BLOCK_DV=dims.block_dv // dv_splits, DV_SPLITS=dv_splits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=upcast, KEYS_AS_M=cfg.keys_as_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if plan.needs_combine and combine:
+        cols = min(COMBINE_COLS, dims.block_dv)
+        grid = (len(plan.mb_req), cfg.block_m, triton.cdiv(dims.v_head_dim, cols))
+        _mla_verify_combine_kernel[grid](
+            out, workspace.partial_o, workspace.partial_lse,
+            qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
+            plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
+            plan.num_heads, out.stride(0), out.stride(1),
+            DV=dims.v_head_dim, PARTIAL_DV=dims.block_dv, BLOCK_M=cfg.block_m,
+            BLOCK_S=COMBINE_SPLITS, BLOCK_C=cols, num_warps=4,
+        )
+    return compiled
+
+
+class MLAVerifyWrapper:
+    """Plan once per batch, run once per layer (the serving-engine path).
+
+    ``plan`` reads the per-request lengths on the host (one sync), decides the work
+    decomposition and keeps the workspace it needs (grown, never shrunk); ``run`` only
+    validates metadata and launches device work, so layers sharing a batch share a plan.
+
+    Example::
+
+        wrapper = MLAVerifyWrapper(torch.device("cuda"))
+        wrapper.plan(qo_indptr, kv_indptr, num_heads=16)
+        for layer in layers:
+            wrapper.run(q[layer], kv_cache[layer], kv_indices, tree_mask, out=out[layer])
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._plan: MLAVerifyPlan | None = None
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._workspace: Workspace | None = None
+        self._indptr: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        num_heads: int,
+        head_dim: int = 576,
+        v_head_dim: int = 512,
+        config: TileConfig | None = None,
+    ) -> MLAVerifyPlan:
+        """Plan a batch. qo_indptr, kv_indptr: int32 [B+1] on the wrapper's device."""
+        plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config)
+        self._plan = plan
+        self._tensors = plan.to_device(self.device)
+        self._indptr = (qo_indptr, kv_indptr)
+        if self._workspace is None or not self._workspace.fits(plan):
+            self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device)
+        return plan
+
+    def run(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        kv_indices: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+        sm_scale: float | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention for the planned batch. Shapes as in :func:`mla_verify_attention`; returns out [N, H, DV]."""
+        if self._plan is None or self._indptr is None or self._workspace is None:
+            raise ValueError("Expected plan() before run(), got run() on an unplanned wrapper")
+        plan = self._plan
+        qo_indptr, kv_indptr = self._indptr
+        shapes = check_inputs(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, plan.dims.v_head_dim, out)
+        if shapes.num_heads != plan.num_heads or shapes.head_dim != plan.dims.head_dim:
+            raise ValueError(
+                f"Expected q of shape [N, {plan.num_heads}, {plan.dims.head_dim}] as planned, got {tuple(q.shape)}"
+            )
+        check_lengths(plan.qo_lens, plan.kv_lens, shapes.num_tokens, kv_indices.numel(), None if tree_mask is None else tree_mask.numel())
+        if out is None:
+            out = torch.empty((shapes.num_tokens, shapes.num_heads, shapes.v_head_dim), dtype=q.dtype, device=q.device)
+        scale = 1.0 / math.sqrt(shapes.head_dim) if sm_scale is None else float(sm_scale)
+        run_plan(plan, self._tensors, q, kv_rows(kv_cache), qo_indptr, kv_indptr, kv_indices, tree_mask, scale, out, self._workspace)
+        return out
+
+
+def mla_verify_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    v_head_dim: int = 512,
+    out: torch.Tensor | None = None,
+    *,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """Tree-masked MLA verify attention over a page_size=1 KV pool.
+
+    q: [N, H, D] bf16/fp16, N = qo_indptr[-1].
+    kv_cache: [num_slots, D] or [num_slots, 1, D], q's dtype; one latent row per token slot.
+    qo_indptr: int32 [B+1]; request b's draft queries are q[qo_indptr[b]:qo_indptr[b+1]] (1 <= T_b <= 64).
+    kv_indptr: int32 [B+1]; request b's slots are kv_indices[kv_indptr[b]:kv_indptr[b+1]] in
+        position order, the last T_b of them its draft tokens.
+    kv_indices: int32/int64 [total].
+    tree_mask: bool/uint8 [sum_b T_b^2] (request b's row-major [T_b, T_b] block at offset
+        sum_{c<b} T_c^2; (t, u) true: draft t sees draft u) or None for causal drafts.
+        The prefix is always visible.
+    sm_scale: score scale, default 1/sqrt(D).
+    v_head_dim: DV; V is the first DV values of each row.
+    out: optional preallocated [N, H, DV], q's dtype.
+    config: optional tile configuration (benchmarks and tuning).
+    Returns out: [N, H, DV], q's dtype. Deterministic: identical inputs give identical bits.
+    """
+    check_inputs(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, v_head_dim, out)
+    wrapper = MLAVerifyWrapper(q.device)
+    wrapper.plan(qo_indptr, kv_indptr, q.shape[1], q.shape[2], v_head_dim, config)
+    return wrapper.run(q, kv_cache, kv_indices, tree_mask, sm_scale, out)
+
+
+def compile_stats(
+    num_heads: int,
+    max_draft: int,
+    head_dim: int = 576,
+    v_head_dim: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cuda",
+) -> list[dict]:
+    """Compile the kernel configuration used for (H=num_heads, T=max_draft) and report its resources.
+
+    Returns one dict per compiled kernel: {"kernel", "config", "n_regs", "n_spills", "shared_bytes"}
+    for the split kernel with the tree mask and causal (two specializations).
+    """
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    t, length = max_draft, max(4096, max_draft)
+    q = torch.randn((t, num_heads, head_dim), generator=gen).to(device=device, dtype=dtype)
+    kv = torch.randn((length, head_dim), generator=gen).to(device=device, dtype=dtype)
+    qo_indptr = torch.tensor([0, t], dtype=torch.int32, device=device)
+    kv_indptr = torch.tensor([0, length], dtype=torch.int32, device=device)
+    kv_indices = torch.randperm(length, generator=gen).to(device=device, dtype=torch.int32)
+    mask = torch.ones((t, t), dtype=torch.bool).tril().flatten().to(device)
+    stats = []
+    for name, tree in (("tree", mask), ("causal", None)):
+        plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, device)
+        out = torch.empty((t, num_heads, v_head_dim), dtype=dtype, device=device)
+        workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, device)
+        compiled = run_plan(plan, plan.to_device(device), q, kv, qo_indptr, kv_indptr, kv_indices, tree, 1.0 / math.sqrt(head_dim), out, workspace)
+        stats.append(
+            {
+                "kernel": f"_mla_verify_split_kernel[{name}]",
+                "config": plan.config.describe() + f"_D{head_dim}_DV{v_head_dim}_{str(dtype).removeprefix('torch.')}",
+                "n_regs": int(getattr(compiled, "n_regs", -1)),
+                "n_spills": int(getattr(compiled, "n_spills", -1)),
+                "shared_bytes": int(getattr(getattr(compiled, "metadata", None), "shared", -1)),
+            }
+        )
+    return stats

@@ -1,0 +1,340 @@
+"""Triton kernels of MLA tree-verify attention over a page_size=1 KV pool.
+
+``_mla_verify_split_kernel``: one program per work item (request, M-block of packed
+(draft token, head) rows, KV chunk). It streams the chunk's KV rows tile by tile (gathered
+through ``kv_indices``), computes scores for every packed row with one ``tl.dot`` per tile,
+keeps an online softmax, and accumulates P @ V where V is the first DV values of the same
+tile (absorbed MLA: the latent row is both K and V). Tiles that lie wholly in the request's
+prefix need no mask; only the tail tiles (draft keys, chunk end) apply bounds and the tree
+mask. A program whose (request, M-block) has a single split writes the normalized output;
+otherwise it writes an fp32 partial output and its log2-sum-exp.
+
+``_mla_verify_combine_kernel``: merges the splits of each packed row with their LSEs.
+
+Scores use base-2 exponentials: ``sm_scale`` is pre-multiplied by log2(e).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i,
+    q_main, q_tail,
+    KV, KV_INDICES, TREE_MASK,
+    kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+    stride_kv, qk_scale, dv_off,
+    D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, V_IS_K_MAIN: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One KV tile of the online softmax. acc: fp32 [BLOCK_M, BLOCK_DV]; m_i, l_i: fp32 [BLOCK_M]."""
+    cols = start + tl.arange(0, BLOCK_N)  # key positions within the request
+    if MASKED:
+        col_ok = cols < kv_end
+        slot = tl.load(KV_INDICES + kv_base + cols, mask=col_ok, other=0).to(tl.int64)
+    else:
+        slot = tl.load(KV_INDICES + kv_base + cols).to(tl.int64)
+    row_ptr = KV + slot[:, None] * stride_kv  # [BLOCK_N, 1]
+    offs_main = tl.arange(0, D_MAIN)
+    if MASKED:
+        k_main = tl.load(row_ptr + offs_main[None, :], mask=col_ok[:, None], other=0.0)
+    else:
+        k_main = tl.load(row_ptr + offs_main[None, :])
+    if UPCAST:
+        k_main = k_main.to(tl.float32)
+    qk = tl.dot(q_main, tl.trans(k_main))  # [BLOCK_M, BLOCK_N]
+    if D_TAIL > 0:
+        offs_tail = D_MAIN + tl.arange(0, D_TAIL)
+        tail_ok = offs_tail < D
+        if MASKED:
+            k_tail = tl.load(row_ptr + offs_tail[None, :], mask=col_ok[:, None] & tail_ok[None, :], other=0.0)
+        else:
+            k_tail = tl.load(row_ptr + offs_tail[None, :], mask=tail_ok[None, :], other=0.0)
+        if UPCAST:
+            k_tail = k_tail.to(tl.float32)
+        qk += tl.dot(q_tail, tl.trans(k_tail))
+    qk = qk * qk_scale
+
+    if MASKED:
+        # Prefix keys are always visible; a draft key u is visible to draft t per the tree.
+        u = cols - prefix_len  # [BLOCK_N], draft index where >= 0
+        is_draft = (u >= 0) & col_ok
+        if CAUSAL:
+            draft_ok = u[None, :] <= t_idx[:, None]
+        else:
+            bits = tl.load(
+                TREE_MASK + mask_offset + t_idx[:, None] * num_draft + u[None, :],
+                mask=row_ok[:, None] & is_draft[None, :],
+                other=0,
+            )
+            draft_ok = bits != 0
+        visible = col_ok[None, :] & ((u[None, :] < 0) | draft_ok)
+        qk = tl.where(visible, qk, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
+    p = tl.math.exp2(qk - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if V_IS_K_MAIN:
+        v = k_main
+    else:
+        offs_v = dv_off + tl.arange(0, BLOCK_DV)
+        if MASKED:
+            v = tl.load(row_ptr + offs_v[None, :], mask=col_ok[:, None] & (offs_v[None, :] < DV), other=0.0)
+        else:
+            v = tl.load(row_ptr + offs_v[None, :], mask=offs_v[None, :] < DV, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_tile_keys_as_m(
+    acc_t, m_i, l_i,
+    qt_main, qt_tail,
+    KV, KV_INDICES, TREE_MASK,
+    kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+    stride_kv, qk_scale, dv_off,
+    D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, V_IS_K_MAIN: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``_attend_tile`` with keys as the M dimension of both dots (S^T = K Q^T, O^T += V^T P^T).
+
+    For few packed rows this turns a 16-row problem into 64-key wgmma tiles with the rows as
+    N, keeping Q^T and P^T small and the accumulator [BLOCK_DV, BLOCK_M] spread over all warps.
+    acc_t: fp32 [BLOCK_DV, BLOCK_M]; qt_main: [D_MAIN, BLOCK_M]; m_i, l_i: fp32 [BLOCK_M].
+    """
+    cols = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        col_ok = cols < kv_end
+        slot = tl.load(KV_INDICES + kv_base + cols, mask=col_ok, other=0).to(tl.int64)
+    else:
+        slot = tl.load(KV_INDICES + kv_base + cols).to(tl.int64)
+    row_ptr = KV + slot[:, None] * stride_kv  # [BLOCK_N, 1]
+    offs_main = tl.arange(0, D_MAIN)
+    if MASKED:
+        k_main = tl.load(row_ptr + offs_main[None, :], mask=col_ok[:, None], other=0.0)
+    else:
+        k_main = tl.load(row_ptr + offs_main[None, :])
+    if UPCAST:
+        k_main = k_main.to(tl.float32)
+    s_t = tl.dot(k_main, qt_main)  # [BLOCK_N, BLOCK_M]
+    if D_TAIL > 0:
+        offs_tail = D_MAIN + tl.arange(0, D_TAIL)
+        tail_ok = offs_tail < D
+        if MASKED:
+            k_tail = tl.load(row_ptr + offs_tail[None, :], mask=col_ok[:, None] & tail_ok[None, :], other=0.0)
+        else:
+            k_tail = tl.load(row_ptr + offs_tail[None, :], mask=tail_ok[None, :], other=0.0)
+        if UPCAST:
+            k_tail = k_tail.to(tl.float32)
+        s_t += tl.dot(k_tail, qt_tail)
+    s_t = s_t * qk_scale
+
+    if MASKED:
+        u = cols - prefix_len
+        is_draft = (u >= 0) & col_ok
+        if CAUSAL:
+            draft_ok = u[:, None] <= t_idx[None, :]
+        else:
+            bits = tl.load(
+                TREE_MASK + mask_offset + t_idx[None, :] * num_draft + u[:, None],
+                mask=row_ok[None, :] & is_draft[:, None],
+                other=0,
+            )
+            draft_ok = bits != 0
+        visible = col_ok[:, None] & ((u[:, None] < 0) | draft_ok)
+        s_t = tl.where(visible, s_t, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s_t, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p_t = tl.math.exp2(s_t - m_safe[None, :])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p_t, 0)
+    acc_t = acc_t * alpha[None, :]
+    if V_IS_K_MAIN:
+        v = k_main
+    else:
+        offs_v = dv_off + tl.arange(0, BLOCK_DV)
+        if MASKED:
+            v = tl.load(row_ptr + offs_v[None, :], mask=col_ok[:, None] & (offs_v[None, :] < DV), other=0.0)
+        else:
+            v = tl.load(row_ptr + offs_v[None, :], mask=offs_v[None, :] < DV, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+    acc_t = tl.dot(tl.trans(v), p_t.to(v.dtype), acc_t)
+    return acc_t, m_new, l_i
+
+
+@triton.jit
+def _mla_verify_split_kernel(
+    Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
+    QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+    W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+    num_heads, qk_scale,
+    stride_qn, stride_qh, stride_kv, stride_on, stride_oh,
+    D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, DV_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, KEYS_AS_M: tl.constexpr,
+):
+    """Grid: (num_work, DV_SPLITS).  Q: [N, H, D].  KV: [num_slots, D].  OUT: [N, H, DV].
+    PARTIAL_O: fp32 [num_work, BLOCK_M, BLOCK_DV * DV_SPLITS].  PARTIAL_LSE: fp32 [num_work, BLOCK_M] (log2 domain).
+    Program (w, j) computes output columns [j * BLOCK_DV, (j + 1) * BLOCK_DV): splitting the
+    value columns halves the accumulator registers at the price of computing scores twice.
+    KEYS_AS_M computes the transposed products (see ``_attend_tile_keys_as_m``).
+    """
+    tl.static_assert(D_MAIN <= D, "D_MAIN is the power-of-two head part")
+    tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
+    # V reuses the loaded K tile only when the value block is exactly the power-of-two head part.
+    V_IS_K_MAIN: tl.constexpr = (BLOCK_DV == D_MAIN) and (DV == D_MAIN) and (DV_SPLITS == 1)
+
+    w = tl.program_id(0)
+    dv_off = tl.program_id(1) * BLOCK_DV
+    b = tl.load(W_REQ + w)
+    mblk = tl.load(W_MBLK + w)
+    kv_start = tl.load(W_KV_START + w)
+    kv_end = tl.load(W_KV_END + w)
+    full_end = tl.load(W_FULL_END + w)  # whole prefix tiles end here: no mask before it
+    nsplit = tl.load(W_NSPLIT + w)
+    qo_start = tl.load(QO_INDPTR + b)
+    num_draft = tl.load(QO_INDPTR + b + 1) - qo_start
+    kv_base = tl.load(KV_INDPTR + b)
+    kv_len = tl.load(KV_INDPTR + b + 1) - kv_base
+    prefix_len = kv_len - num_draft
+    mask_offset = tl.load(MASK_OFFSETS + b)
+
+    rows = mblk * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row r = t * H + h
+    row_ok = rows < num_draft * num_heads
+    t_idx = rows // num_heads
+    h_idx = rows % num_heads
+    q_row = Q + (qo_start + t_idx).to(tl.int64) * stride_qn + h_idx * stride_qh  # [BLOCK_M]
+    offs_main = tl.arange(0, D_MAIN)
+    offs_tail = D_MAIN + tl.arange(0, D_TAIL if D_TAIL > 0 else 16)
+    if KEYS_AS_M:
+        q_main = tl.load(q_row[None, :] + offs_main[:, None], mask=row_ok[None, :], other=0.0)  # [D_MAIN, BLOCK_M]
+        q_tail = tl.load(q_row[None, :] + offs_tail[:, None], mask=row_ok[None, :] & (offs_tail[:, None] < D), other=0.0)
+        acc = tl.zeros([BLOCK_DV, BLOCK_M], dtype=tl.float32)
+    else:
+        q_main = tl.load(q_row[:, None] + offs_main[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_MAIN]
+        q_tail = tl.load(q_row[:, None] + offs_tail[None, :], mask=row_ok[:, None] & (offs_tail[None, :] < D), other=0.0)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if UPCAST:
+        q_main = q_main.to(tl.float32)
+        q_tail = q_tail.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # Whole prefix tiles first, without masks; then the masked tail (draft keys, chunk end).
+    for start in range(kv_start, full_end, BLOCK_N):
+        if KEYS_AS_M:
+            acc, m_i, l_i = _attend_tile_keys_as_m(
+                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+                stride_kv, qk_scale, dv_off,
+                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST,
+            )
+        else:
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+                stride_kv, qk_scale, dv_off,
+                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST,
+            )
+    for start in range(full_end, kv_end, BLOCK_N):
+        if KEYS_AS_M:
+            acc, m_i, l_i = _attend_tile_keys_as_m(
+                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+                stride_kv, qk_scale, dv_off,
+                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, True, CAUSAL, UPCAST,
+            )
+        else:
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+                stride_kv, qk_scale, dv_off,
+                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, True, CAUSAL, UPCAST,
+            )
+
+    offs_dv = dv_off + tl.arange(0, BLOCK_DV)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o_row = OUT + (qo_start + t_idx).to(tl.int64) * stride_on + h_idx * stride_oh  # [BLOCK_M]
+    p_row = w.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    p_base = PARTIAL_O + p_row * (BLOCK_DV * DV_SPLITS)  # [BLOCK_M]
+    if KEYS_AS_M:
+        o_ptr = o_row[None, :] + offs_dv[:, None]
+        o_ok = row_ok[None, :] & (offs_dv[:, None] < DV)
+        p_ptr = p_base[None, :] + offs_dv[:, None]
+        o_val = acc / l_safe[None, :]
+    else:
+        o_ptr = o_row[:, None] + offs_dv[None, :]
+        o_ok = row_ok[:, None] & (offs_dv[None, :] < DV)
+        p_ptr = p_base[:, None] + offs_dv[None, :]
+        o_val = acc / l_safe[:, None]
+    if nsplit == 1:
+        tl.store(o_ptr, o_val.to(OUT.dtype.element_ty), mask=o_ok)
+    else:
+        tl.store(p_ptr, o_val)
+        if dv_off == 0:
+            lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+            tl.store(PARTIAL_LSE + p_row, lse)
+
+
+@triton.jit
+def _mla_verify_combine_kernel(
+    OUT, PARTIAL_O, PARTIAL_LSE,
+    QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
+    num_heads, stride_on, stride_oh,
+    DV: tl.constexpr, PARTIAL_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Grid: (num_row_blocks, BLOCK_M, cdiv(DV, BLOCK_C)).  Merges the splits of one packed row's
+    BLOCK_C output columns into OUT [N, H, DV]; splits are read BLOCK_S at a time so a row with
+    hundreds of splits is a few wide loads, not hundreds of dependent ones.
+    PARTIAL_O: fp32 [num_work, BLOCK_M, PARTIAL_DV].  PARTIAL_LSE: fp32 [num_work, BLOCK_M].
+    """
+    i = tl.program_id(0)
+    r = tl.program_id(1)
+    nsplit = tl.load(MB_NSPLIT + i)
+    b = tl.load(MB_REQ + i)
+    row = tl.load(MB_MBLK + i) * BLOCK_M + r
+    qo_start = tl.load(QO_INDPTR + b)
+    num_draft = tl.load(QO_INDPTR + b + 1) - qo_start
+    # Single-split blocks were written by the split kernel; padding rows have no output.
+    if (nsplit > 1) & (row < num_draft * num_heads):
+        w0 = tl.load(MB_WORK_START + i)
+        stride = tl.load(MB_STRIDE + i)
+        offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        offs_s = tl.arange(0, BLOCK_S)
+        m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+        for s0 in range(0, nsplit, BLOCK_S):
+            w = (w0 + (s0 + offs_s) * stride).to(tl.int64)
+            lse = tl.load(PARTIAL_LSE + w * BLOCK_M + r, mask=s0 + offs_s < nsplit, other=float("-inf"))
+            m = tl.maximum(m, lse)
+        m_max = tl.max(m, 0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        den = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, nsplit, BLOCK_S):
+            s_ok = s0 + offs_s < nsplit
+            w = (w0 + (s0 + offs_s) * stride).to(tl.int64)
+            weight = tl.math.exp2(tl.load(PARTIAL_LSE + w * BLOCK_M + r, mask=s_ok, other=float("-inf")) - m_max)
+            part = tl.load(PARTIAL_O + (w * BLOCK_M + r)[:, None] * PARTIAL_DV + offs_c[None, :],
+                           mask=s_ok[:, None] & (offs_c[None, :] < PARTIAL_DV), other=0.0)
+            acc += tl.sum(weight[:, None] * part, 0)
+            den += weight
+        total = tl.sum(den, 0)
+        total = tl.where(total == 0.0, 1.0, total)
+        t_idx = row // num_heads
+        h_idx = row % num_heads
+        o_ptr = OUT + (qo_start + t_idx).to(tl.int64) * stride_on + h_idx * stride_oh + offs_c
+        tl.store(o_ptr, (acc / total).to(OUT.dtype.element_ty), mask=offs_c < DV)

@@ -1,0 +1,176 @@
+"""mla_verify_attention against a float64 reference (CPU interpreter or GPU).
+
+On a CPU-only machine these run under ``TRITON_INTERPRET=1`` at small head dims; on a GPU
+the same tests run compiled, plus the production-shape tests marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernel import TileConfig, mla_verify_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_GPU = DEVICE == "cuda"
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (production shapes are too slow for the CPU interpreter)")
+
+
+def reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, sm_scale, v_head_dim):
+    """float64 oracle, written independently of the kernel. masks: list of bool [T_b, T_b] or None (causal)."""
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    outs = []
+    for b in range(len(qo) - 1):
+        qb = q[qo[b] : qo[b + 1]].double()  # [T, H, D]
+        rows = kv[kv_indices[kvp[b] : kvp[b + 1]].long()].double()  # [L, D]
+        t, length = qb.shape[0], rows.shape[0]
+        visible = torch.ones(t, length, dtype=torch.bool, device=q.device)
+        visible[:, length - t :] = masks[b] if masks is not None else torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = torch.einsum("thd,ld->thl", qb, rows) * sm_scale
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        outs.append(torch.softmax(scores, dim=-1) @ rows[:, :v_head_dim])
+    return torch.cat(outs)
+
+
+def random_tree(t: int, gen: torch.Generator) -> torch.Tensor:
+    """bool [t, t]: u visible from s iff u is s or an ancestor of s in a random tree."""
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, t)]
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    for s in range(t):
+        u = s
+        while u >= 0:
+            mask[s, u] = True
+            u = parents[u]
+    return mask
+
+
+def make_inputs(draft_lens, kv_lens, num_heads, head_dim, dtype, *, tree, scattered, seed, index_dtype=torch.int32, pool_extra=13):
+    gen = torch.Generator().manual_seed(seed)
+    n, total = sum(draft_lens), sum(kv_lens)
+    q = (torch.randn(n, num_heads, head_dim, generator=gen) * 0.5).to(dtype)
+    pool = total + pool_extra
+    kv = torch.randn(pool, head_dim, generator=gen).to(dtype)
+    slots = torch.randperm(pool, generator=gen)[:total] if scattered else torch.arange(pool_extra, pool)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(draft_lens).cumsum(0)), dtype=torch.int32)
+    kv_indptr = torch.tensor([0] + list(torch.tensor(kv_lens).cumsum(0)), dtype=torch.int32)
+    masks = [random_tree(t, gen) for t in draft_lens] if tree else None
+    flat = torch.cat([m.flatten() for m in masks]) if tree else None
+    to = lambda x: None if x is None else x.to(DEVICE)
+    return dict(
+        q=to(q), kv=to(kv), qo_indptr=to(qo_indptr), kv_indptr=to(kv_indptr),
+        kv_indices=to(slots.to(index_dtype)), masks=[to(m) for m in masks] if tree else None, tree_mask=to(flat),
+    )
+
+
+def run_and_check(inp, head_dim, v_head_dim, sm_scale=None, tol=1e-2, config=None):
+    n, h = inp["q"].shape[:2]
+    out = torch.full((n, h, v_head_dim), float("nan"), dtype=inp["q"].dtype, device=DEVICE)
+    got = mla_verify_attention(
+        inp["q"], inp["kv"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
+        tree_mask=inp["tree_mask"], sm_scale=sm_scale, v_head_dim=v_head_dim, out=out, config=config,
+    )
+    assert got.data_ptr() == out.data_ptr()
+    assert not torch.isnan(out).any(), "output has unwritten (NaN) elements"
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    kv_rows = inp["kv"].reshape(inp["kv"].shape[0], -1)
+    ref = reference(inp["q"], kv_rows, inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["masks"], scale, v_head_dim)
+    qo = inp["qo_indptr"].tolist()
+    for b in range(len(qo) - 1):
+        o, r = out[qo[b] : qo[b + 1]].double(), ref[qo[b] : qo[b + 1]]
+        rel = float((o - r).norm() / r.norm())
+        assert rel <= tol, f"request {b}: relative error {rel:.3e} > {tol}"
+    return out
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 4])
+@pytest.mark.parametrize("draft_lens,kv_lens", [([1], [1]), ([2], [17]), ([3, 1], [3, 40]), ([5, 2, 1], [70, 9, 33])])
+@pytest.mark.parametrize("tree", [False, True])
+def test_matches_reference_small_dims(num_heads, draft_lens, kv_lens, tree):
+    run_and_check(make_inputs(draft_lens, kv_lens, num_heads, 64, torch.bfloat16, tree=tree, scattered=True, seed=num_heads), 64, 32)
+
+
+@pytest.mark.parametrize("head_dim,v_head_dim", [(48, 32), (80, 48), (64, 64), (32, 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_awkward_head_dims_and_dtypes(head_dim, v_head_dim, dtype):
+    inp = make_inputs([3, 2], [29, 50], 2, head_dim, dtype, tree=True, scattered=True, seed=head_dim)
+    run_and_check(inp, head_dim, v_head_dim, sm_scale=1 / math.sqrt(192))
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_contiguous_slots_and_int64_indices(index_dtype):
+    inp = make_inputs([4], [90], 3, 64, torch.bfloat16, tree=False, scattered=False, seed=7, index_dtype=index_dtype)
+    run_and_check(inp, 64, 32)
+
+
+@pytest.mark.parametrize("dv_splits", [1, 2])
+@pytest.mark.parametrize("keys_as_m", [False, True])
+def test_many_splits_and_row_blocks(dv_splits, keys_as_m):
+    """Long enough to split KV several ways, wide enough (T*H > BLOCK_M) for several row blocks."""
+    cfg = TileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, target_programs=12, min_chunk=16,
+                     dv_splits=dv_splits, keys_as_m=keys_as_m)
+    inp = make_inputs([7, 1], [150, 60], 5, 64, torch.bfloat16, tree=True, scattered=True, seed=3)
+    run_and_check(inp, 64, 32, config=cfg)
+
+
+def test_kv_cache_with_page_dim_and_deterministic():
+    inp = make_inputs([3, 2], [40, 25], 2, 64, torch.bfloat16, tree=True, scattered=True, seed=11)
+    first = run_and_check(inp, 64, 32)
+    inp["kv"] = inp["kv"][:, None, :]  # [num_slots, 1, D]
+    second = run_and_check(inp, 64, 32)
+    assert torch.equal(first, second)
+
+
+def test_tree_mask_is_applied():
+    """A wrong mask (all drafts visible) must change the answer: the mask is really read."""
+    inp = make_inputs([4], [12], 2, 64, torch.bfloat16, tree=True, scattered=True, seed=5)
+    right = run_and_check(inp, 64, 32)
+    n, h = inp["q"].shape[:2]
+    wrong = mla_verify_attention(inp["q"], inp["kv"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
+                                 tree_mask=torch.ones_like(inp["tree_mask"]), v_head_dim=32)
+    assert not torch.allclose(right.float(), wrong.float(), atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a: a.update(q=a["q"].float()), "q.dtype"),
+        (lambda a: a.update(q=a["q"][0]), "q of shape"),
+        (lambda a: a.update(kv=a["kv"][:, :48]), "kv_cache rows of length"),
+        (lambda a: a.update(qo_indptr=a["qo_indptr"].long()), "qo_indptr.dtype"),
+        (lambda a: a.update(kv_indices=a["kv_indices"].float()), "kv_indices.dtype"),
+        (lambda a: a.update(tree_mask=a["tree_mask"][:-1]), "tree_mask with"),
+        (lambda a: a.update(v_head_dim=72), "v_head_dim"),
+        (lambda a: a.update(kv_indptr=torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)), "L_b >= T_b"),
+        (lambda a: a.update(out=torch.empty(1, 1, 1, dtype=a["q"].dtype, device=DEVICE)), "out of shape"),
+    ],
+)
+def test_bad_inputs_raise_value_error(change, message):
+    inp = make_inputs([3], [20], 2, 64, torch.bfloat16, tree=True, scattered=True, seed=1)
+    args = dict(q=inp["q"], kv=inp["kv"], qo_indptr=inp["qo_indptr"], kv_indptr=inp["kv_indptr"],
+                kv_indices=inp["kv_indices"], tree_mask=inp["tree_mask"], v_head_dim=32, out=None)
+    change(args)
+    with pytest.raises(ValueError, match="Expected .*" + message.replace("(", r"\(")):
+        mla_verify_attention(args["q"], args["kv"], args["qo_indptr"], args["kv_indptr"], args["kv_indices"],
+                             tree_mask=args["tree_mask"], v_head_dim=args["v_head_dim"], out=args["out"])
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads,draft", [(16, 1), (128, 1), (16, 8), (128, 8), (20, 33), (64, 64)])
+@pytest.mark.parametrize("context", [1, 127, 4097, 65537])
+def test_production_shapes_gpu(num_heads, draft, context):
+    length = max(context, draft)
+    inp = make_inputs([draft], [length], num_heads, 576, torch.bfloat16, tree=True, scattered=True, seed=length + num_heads)
+    run_and_check(inp, 576, 512, sm_scale=1 / math.sqrt(192))
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_ragged_batch_gpu():
+    gen = torch.Generator().manual_seed(0)
+    drafts = [int(x) for x in torch.randint(1, 17, (12,), generator=gen)]
+    lengths = [max(t, int(x)) for t, x in zip(drafts, torch.randint(1, 40000, (12,), generator=gen))]
+    inp = make_inputs(drafts, lengths, 16, 576, torch.float16, tree=True, scattered=True, seed=1)
+    run_and_check(inp, 576, 512)
