@@ -1,0 +1,584 @@
+"""Run gates as isolated processes and turn what they did into ``GateResult`` records.
+
+Each gate runs in its own session and process group, with stdin from ``/dev/null`` and
+stdout and stderr written straight to its log file (no pipes that can fill up). On a timeout
+or an interrupt the whole group gets SIGTERM, then SIGKILL after a grace period; when the
+gate's main process exits on its own, members of its group that are still running (a
+forgotten ``sleep 1000 &``) are ended the same way. A process that starts a new session of
+its own leaves the group and is out of reach.
+
+The gate's ``PYTHONPATH`` starts with the repository root (so ``phases``, ``kernel`` and
+``runner`` import), followed by the folder this ``runner`` package was loaded from when that
+is elsewhere (so a callable gate runs this runner's ``runner.callgate``).
+
+``$RUNNER_ARTIFACTS`` names a fresh folder for each gate: the small UTF-8 text files the gate
+leaves directly in it (at most ``MAX_ARTIFACTS`` files of at most ``MAX_ARTIFACT_BYTES`` each)
+come back in ``GateResult.artifacts``; anything else is skipped with a note in the log. Lines
+``{"done": n, "total": m}`` the gate appends to ``$RUNNER_PROGRESS`` are passed to an optional
+``on_progress`` callback while the gate runs.
+
+``run_gate`` never raises for anything the gate does; a ``KeyboardInterrupt`` while waiting
+ends the group and is re-raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+import runner
+from runner import callgate
+from runner.results import GateResult, MetricCheck, check_thresholds
+
+LOG_TAIL_LINES = 60
+LOG_TAIL_BYTES = 8 * 1024
+_POLL_S = 0.05
+_KILL_WAIT_S = 2.0  # after SIGKILL: how long to wait for the group to disappear
+_PROGRESS_POLL_S = 0.25  # how often a running gate's progress file is read
+
+ARTIFACTS_ENV = "RUNNER_ARTIFACTS"
+MAX_ARTIFACTS = 20
+MAX_ARTIFACT_BYTES = 1 << 20
+_ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+_RUNNER_ROOT = Path(runner.__file__).resolve().parent.parent
+
+
+class GateLike(Protocol):
+    """The attributes of ``runner.schema.Gate`` that execution reads."""
+
+    name: str
+    kind: str
+    run: str | None
+    call: str | None
+    args: dict[str, Any]
+    env: dict[str, str]
+    timeout: float | None
+    expect: Mapping[str, Any]
+
+
+class StepLike(Protocol):
+    """A planner step: run the gate, or record it as blocked with a reason."""
+
+    gate: GateLike
+    action: str
+    reason: str
+
+
+RunGateFn = Callable[..., GateResult]
+
+ProgressFn = Callable[[str, float, "int | None", "int | None"], None]
+"""Called while a gate runs with (gate name, seconds elapsed, done, total); the counts are
+``None`` until the gate reports progress."""
+
+
+def run_gate(
+    gate: GateLike,
+    *,
+    repo_root: Path,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    grace_s: float = 5.0,
+    report_dir: Path | None = None,
+    on_progress: ProgressFn | None = None,
+) -> GateResult:
+    """Run one gate to completion and check its ``expect`` thresholds.
+
+    Args:
+        gate: the gate (``runner.schema.Gate`` or anything with the same attributes).
+        repo_root: the working directory of the gate; also first on its ``PYTHONPATH``.
+        log_path: file that receives the gate's stdout and stderr (created or replaced).
+        env: extra variables for the gate, applied over the runner's environment and under
+            the gate's own ``env:``; the ``RUNNER_*`` variables are set last.
+        grace_s: seconds between SIGTERM and SIGKILL when the group must be ended.
+        report_dir: the folder ``GateResult.log`` is relative to (default: the log's folder).
+        on_progress: called about every quarter second while the gate runs (see ``ProgressFn``).
+    """
+    repo_root = Path(repo_root)
+    log_path = Path(log_path)
+    started = _utc_now()
+    t0 = time.monotonic()
+    log_rel = _relative_log(log_path, report_dir)
+
+    def result(outcome: str, reason: str, **fields: Any) -> GateResult:
+        fields.setdefault("metrics", {})
+        fields.setdefault("checks", [])
+        fields.setdefault("exit_code", None)
+        fields.setdefault("signal", None)
+        return GateResult(
+            name=gate.name,
+            kind=gate.kind,
+            outcome=outcome,
+            reason=reason,
+            started=started,
+            duration_s=round(time.monotonic() - t0, 3),
+            log=log_rel,
+            log_tail=_log_tail(log_path),
+            **fields,
+        )
+
+    scratch = Path(tempfile.mkdtemp(prefix="runner-gate-"))
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_bytes(b"")
+        try:
+            argv = _command(gate)
+        except ValueError as exc:
+            return result("ERROR", str(exc))
+        files = {
+            "metrics": scratch / "metrics.json",
+            "progress": scratch / "progress.jsonl",
+            "status": scratch / "status.json",
+            "artifacts": scratch / "artifacts",
+        }
+        files["progress"].touch()
+        files["artifacts"].mkdir()
+        child_env = _child_env(gate, repo_root, env, files)
+        timeout = _timeout_of(gate)
+
+        with open(log_path, "ab", buffering=0) as log:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=repo_root,
+                    env=child_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                return result("ERROR", f"could not start the gate: {exc}")
+            timed_out = False
+            try:
+                _wait(proc, timeout, gate.name, t0, files["progress"], on_progress)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _end_group(proc, grace_s)
+                _note(log, f"timed out after {timeout:g} s; its process group was ended")
+            except BaseException:
+                _end_group(proc, grace_s)
+                raise
+            else:
+                leftover = _end_group(proc, grace_s)
+                if leftover:
+                    _note(log, f"ended {leftover} process(es) the gate left running")
+            artifacts = _read_artifacts(files["artifacts"], log)
+
+        return _judge(gate, proc.returncode, timed_out, timeout, files, result, artifacts)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_steps(
+    steps: Iterable[StepLike],
+    *,
+    repo_root: Path,
+    log_dir: Path,
+    on_result: Callable[[GateResult], None] | None = None,
+    run_gate_fn: RunGateFn = run_gate,
+    env: Mapping[str, str] | None = None,
+    report_dir: Path | None = None,
+    on_progress: ProgressFn | None = None,
+) -> list[GateResult]:
+    """Run the planner's steps in order and return one result per step.
+
+    A ``blocked`` step becomes a BLOCKED result without a process. After the first FAIL or
+    ERROR every remaining step is SKIPPED. Logs go to ``log_dir/<gate name>.log``;
+    ``on_result`` is called with each result as soon as it is known. ``run_gate_fn`` is
+    called like ``run_gate`` (tests pass a fake); ``on_progress`` is passed on to it when given.
+    """
+    log_dir = Path(log_dir)
+    report_dir = Path(report_dir) if report_dir is not None else log_dir
+    results: list[GateResult] = []
+    stopped_by: GateResult | None = None
+    used_names: set[str] = set()
+    extra: dict[str, Any] = {"on_progress": on_progress} if on_progress is not None else {}
+    for step in steps:
+        gate = step.gate
+        if stopped_by is not None:
+            res = _no_process(
+                gate, "SKIPPED", f"not run: gate {stopped_by.name!r} {stopped_by.outcome.lower()}ed"
+            )
+        elif step.action == "blocked":
+            res = _no_process(gate, "BLOCKED", step.reason)
+        elif step.action == "run":
+            res = run_gate_fn(
+                gate,
+                repo_root=repo_root,
+                log_path=log_dir / _log_name(gate.name, used_names),
+                env=env,
+                report_dir=report_dir,
+                **extra,
+            )
+            if res.outcome in ("FAIL", "ERROR"):
+                stopped_by = res
+        else:
+            raise ValueError(f"step for gate {gate.name!r} has unknown action {step.action!r}")
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+    return results
+
+
+# --- the process ----------------------------------------------------------------------------
+
+
+def _command(gate: GateLike) -> list[str]:
+    run, call = getattr(gate, "run", None), getattr(gate, "call", None)
+    if run and call:
+        raise ValueError(f"gate {gate.name!r} has both run and call")
+    if run:
+        return ["bash", "-c", run]
+    if call:
+        args = getattr(gate, "args", None) or {}
+        return [sys.executable, "-m", "runner.callgate", call, "--args-json", json.dumps(args)]
+    raise ValueError(f"gate {gate.name!r} has neither run nor call")
+
+
+def _child_env(
+    gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None, files: Mapping[str, Path]
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra or {})
+    env.update(getattr(gate, "env", None) or {})
+    path_entries = [str(repo_root.resolve())]
+    if _RUNNER_ROOT != repo_root.resolve():
+        path_entries.append(str(_RUNNER_ROOT))  # the child runs this runner's callgate
+    if env.get("PYTHONPATH"):
+        path_entries.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(path_entries)
+    env["RUNNER_GATE"] = gate.name
+    env[callgate.METRICS_ENV] = str(files["metrics"])
+    env["RUNNER_PROGRESS"] = str(files["progress"])
+    env[callgate.STATUS_ENV] = str(files["status"])
+    env[ARTIFACTS_ENV] = str(files["artifacts"])
+    return env
+
+
+def _timeout_of(gate: GateLike) -> float | None:
+    timeout = getattr(gate, "timeout", None)
+    return None if timeout is None else float(timeout)
+
+
+def _wait(
+    proc: subprocess.Popen,
+    timeout: float | None,
+    name: str,
+    t0: float,
+    progress_file: Path,
+    on_progress: ProgressFn | None,
+) -> None:
+    """Wait for the gate's main process; ``subprocess.TimeoutExpired`` after ``timeout``.
+
+    With ``on_progress``, wake up every ``_PROGRESS_POLL_S`` to report the latest progress.
+    """
+    if on_progress is None:
+        proc.wait(timeout=timeout)
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        step = _PROGRESS_POLL_S
+        if deadline is not None:
+            step = min(step, max(deadline - time.monotonic(), 0.0))
+        try:
+            proc.wait(timeout=step)
+            return
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+        done, total = _read_progress(progress_file)
+        on_progress(name, time.monotonic() - t0, done, total)
+
+
+def _read_progress(path: Path) -> tuple[int | None, int | None]:
+    """The last well-formed ``{"done": n, "total": m}`` line of the progress file."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None, None
+    for line in reversed(lines):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            done, total = data.get("done"), data.get("total")
+            if isinstance(done, int) and not isinstance(done, bool):
+                return done, total if isinstance(total, int) and not isinstance(total, bool) else None
+    return None, None
+
+
+def _read_artifacts(folder: Path, log) -> dict[str, str]:
+    """The small UTF-8 text files the gate left in its artifacts folder, by name.
+
+    Sub-folders, links, files over ``MAX_ARTIFACT_BYTES``, files that are not UTF-8, names
+    that are not plain (letters, digits, ``._-``) and files past the first ``MAX_ARTIFACTS``
+    are skipped with a note in the log.
+    """
+    artifacts: dict[str, str] = {}
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError as exc:
+        _note(log, f"could not list the artifacts folder: {exc}")
+        return artifacts
+    for entry in entries:
+        skip = None
+        if not entry.is_file(follow_symlinks=False):
+            skip = "not a plain file"
+        elif not _ARTIFACT_NAME.fullmatch(entry.name):
+            skip = "name is not letters, digits and ._-"
+        elif len(artifacts) >= MAX_ARTIFACTS:
+            skip = f"more than {MAX_ARTIFACTS} artifacts"
+        else:
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+                if size > MAX_ARTIFACT_BYTES:
+                    skip = f"{size} bytes, over the {MAX_ARTIFACT_BYTES}-byte limit"
+                else:
+                    artifacts[entry.name] = Path(entry.path).read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                skip = "not UTF-8 text"
+            except OSError as exc:
+                skip = f"unreadable ({exc})"
+        if skip is not None:
+            _note(log, f"artifact {entry.name!r} skipped: {skip}")
+    return artifacts
+
+
+def _end_group(proc: subprocess.Popen, grace_s: float) -> int:
+    """End every process of the gate's group; return how many were still running.
+
+    SIGTERM first, SIGKILL for what is left after ``grace_s``. The direct child is reaped
+    while waiting, so its zombie does not count as a member.
+    """
+    pgid = proc.pid  # start_new_session: the child leads its own group
+    proc.poll()
+    members = _group_members(pgid)
+    if not members:
+        return 0
+    _signal_group(pgid, signal.SIGTERM)
+    if not _wait_group_gone(pgid, proc, grace_s):
+        _signal_group(pgid, signal.SIGKILL)
+        _wait_group_gone(pgid, proc, _KILL_WAIT_S)
+    proc.poll()
+    return len(members)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_group_gone(pgid: int, proc: subprocess.Popen, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        proc.poll()
+        if not _group_members(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of group ``pgid``.
+
+    Reads ``/proc`` where it exists, because orphaned zombies are not always reaped in
+    containers and ``killpg(pgid, 0)`` counts them; elsewhere falls back to ``killpg``.
+    """
+    proc_dir = Path("/proc")
+    if not (proc_dir / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
+    for entry in os.scandir(proc_dir):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _note(log, text: str) -> None:
+    log.write(f"\n[runner] {text}\n".encode())
+
+
+# --- judging --------------------------------------------------------------------------------
+
+
+def _judge(
+    gate: GateLike,
+    returncode: int,
+    timed_out: bool,
+    timeout: float | None,
+    files: Mapping[str, Path],
+    result: Callable[..., GateResult],
+    artifacts: dict[str, str] | None = None,
+) -> GateResult:
+    exit_code = returncode if returncode >= 0 else None
+    sig_name = _signal_name(-returncode) if returncode < 0 else None
+    metrics, metrics_problem = _read_metrics(files["metrics"])
+    expect = getattr(gate, "expect", None) or {}
+    checks = check_thresholds(expect, metrics) if metrics_problem is None else []
+    fields = {
+        "metrics": metrics,
+        "checks": checks,
+        "exit_code": exit_code,
+        "signal": sig_name,
+        "artifacts": artifacts or {},
+    }
+    status = callgate.read_status(files["status"]) if getattr(gate, "call", None) else None
+
+    if timed_out:
+        return result("FAIL", f"timed out after {timeout:g} s", **fields)
+    if status is not None and status[0] == callgate.STATUS_NOT_LOADED:
+        return result("ERROR", status[1], **fields)
+    if status is not None and status[0] in (callgate.STATUS_RAISED, callgate.STATUS_BAD_RETURN):
+        return result("FAIL", status[1], **fields)
+    if sig_name is not None:
+        return result("FAIL", f"killed by {sig_name}", **fields)
+    if returncode != 0:
+        return result("FAIL", _exit_reason(gate, returncode), **fields)
+    if metrics_problem is not None:
+        return result("ERROR", metrics_problem, **fields)
+    failed = [check for check in checks if not check.ok]
+    if failed:
+        return result("FAIL", "; ".join(_check_reason(check) for check in failed), **fields)
+    return result("PASS", _pass_reason(checks), **fields)
+
+
+def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The metrics a gate reported (``{}`` when it wrote none) and a problem, if any."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, f"metrics file unreadable: {exc}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {}, f"metrics file is not valid JSON ({exc.msg} at line {exc.lineno})"
+    if not isinstance(data, dict):
+        return {}, f"metrics file holds a JSON {type(data).__name__}, not an object"
+    bad = [key for key, value in data.items() if not _is_scalar(value)]
+    if bad:
+        return {}, (
+            f"metric(s) {', '.join(repr(k) for k in bad)} are not numbers, strings or booleans"
+        )
+    return data, None
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _check_reason(check: MetricCheck) -> str:
+    return f"{check.metric}: {check.reason}"
+
+
+def _pass_reason(checks: list[MetricCheck]) -> str:
+    if not checks:
+        return "exited with code 0"
+    return f"exited with code 0; {len(checks)} threshold(s) met"
+
+
+def _exit_reason(gate: GateLike, returncode: int) -> str:
+    reason = f"exited with code {returncode}"
+    if getattr(gate, "run", None) and returncode > 128:
+        name = _signal_name(returncode - 128)
+        if name is not None:
+            reason += f" (the shell reports a command killed by {name})"
+    return reason
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# --- small helpers ----------------------------------------------------------------------------
+
+
+def _no_process(gate: GateLike, outcome: str, reason: str) -> GateResult:
+    return GateResult(
+        name=gate.name,
+        kind=gate.kind,
+        outcome=outcome,
+        reason=reason,
+        metrics={},
+        checks=[],
+        started=_utc_now(),
+        duration_s=0.0,
+        exit_code=None,
+        signal=None,
+        log=None,
+        log_tail="",
+    )
+
+
+def _log_name(gate_name: str, used: set[str]) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", gate_name).strip("-.") or "gate"
+    name, n = f"{stem}.log", 1
+    while name in used:
+        n += 1
+        name = f"{stem}-{n}.log"
+    used.add(name)
+    return name
+
+
+def _relative_log(log_path: Path, report_dir: Path | None) -> str:
+    base = Path(report_dir) if report_dir is not None else log_path.parent
+    try:
+        return log_path.resolve().relative_to(base.resolve()).as_posix()
+    except ValueError:
+        return log_path.name
+
+
+def _log_tail(log_path: Path) -> str:
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            data = handle.read()
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > LOG_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first line was cut in the middle
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

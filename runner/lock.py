@@ -1,0 +1,190 @@
+"""One runner per repository at a time: a lock file that names its holder.
+
+The lock is ``.git/runner.lock`` when the root has a ``.git`` directory (never part of the
+tree or its fingerprint), else ``.runner.lock`` at the root (ignored by ``.gitignore``). It is
+created with ``O_CREAT | O_EXCL`` and holds JSON ``{pid, host, command, started, token}``.
+
+A lock left behind by a process that is gone (same host, pid not running), or one that is
+empty or unreadable and older than ``STALE_UNREADABLE_S``, is taken over: under a short-lived
+``.takeover`` guard file the lock is re-read (it must be unchanged), the new content is written
+to a temporary file and renamed over it, and it is read back to confirm it is ours. A lock
+naming another host is never taken over (its pid cannot be checked from here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from runner.errors import LockHeldError
+
+STALE_UNREADABLE_S = 5.0
+
+
+def lock_path(root: Path) -> Path:
+    """Where the lock of the repository at ``root`` lives."""
+    root = Path(root)
+    git_dir = root / ".git"
+    return git_dir / "runner.lock" if git_dir.is_dir() else root / ".runner.lock"
+
+
+@contextmanager
+def repo_lock(root: Path, command: str) -> Iterator[Path]:
+    """Hold the repository lock for the duration of the block; yield the lock's path.
+
+    Raises ``LockHeldError`` naming the holder when another live runner holds it. The lock
+    is released on exit, also on exceptions, and only if it is still ours.
+    """
+    path = lock_path(root)
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "token": uuid.uuid4().hex,
+    }
+    _acquire(path, record)
+    try:
+        yield path
+    finally:
+        _release(path, record["token"])
+
+
+def _acquire(path: Path, record: dict) -> None:
+    payload = json.dumps(record, indent=2) + "\n"
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(payload)
+            return
+        raw = _read_raw(path)
+        if raw is None:
+            continue  # released in the meantime: try to create it again
+        _refuse_unless_stale(path, raw)
+        if _replace_if_unchanged(path, raw, payload, record["token"]):
+            now_there = _parse(_read_raw(path))
+            if now_there is None or now_there.get("token") != record["token"]:
+                raise LockHeldError(
+                    _held_message(path, now_there) if now_there
+                    else f"{path} was taken by another runner; try again in a moment"
+                )
+            return
+    raise LockHeldError(f"{path} keeps changing: other runners are starting; try again")
+
+
+def _refuse_unless_stale(path: Path, raw: str) -> None:
+    """Raise ``LockHeldError`` unless the lock holding ``raw`` may be taken over."""
+    holder = _parse(raw)
+    if holder is None:
+        age = _age_s(path)
+        if age is not None and age < STALE_UNREADABLE_S:
+            raise LockHeldError(
+                f"{path} is being written by another runner (changed {age:.1f} s ago); "
+                "try again in a moment, or delete the file if no runner is running"
+            )
+    elif not _holder_gone(holder):
+        raise LockHeldError(_held_message(path, holder))
+
+
+def _replace_if_unchanged(path: Path, raw: str, payload: str, token: str) -> bool:
+    """Replace the stale lock by ours unless it changed since it was read as ``raw``.
+
+    Take-overs are serialised by a ``.takeover`` guard file, so two runners that both found
+    the same stale lock cannot both install theirs. Returns whether ours was installed.
+    """
+    guard = path.with_name(path.name + ".takeover")
+    try:
+        os.close(os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        age = _age_s(guard)
+        if age is not None and age >= STALE_UNREADABLE_S:
+            guard.unlink(missing_ok=True)  # left by a runner that died mid-take-over
+            return False
+        raise LockHeldError(
+            f"another runner is taking over the stale lock {path}; try again in a moment"
+        ) from None
+    tmp = path.with_name(f"{path.name}.{token}.tmp")
+    try:
+        if _read_raw(path) != raw:
+            return False
+        tmp.write_text(payload, encoding="utf-8")
+        os.replace(tmp, path)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+        guard.unlink(missing_ok=True)
+
+
+def _release(path: Path, token: str) -> None:
+    holder = _parse(_read_raw(path))
+    if holder is not None and holder.get("token") == token:
+        path.unlink(missing_ok=True)
+
+
+def _read_raw(path: Path) -> str | None:
+    """The lock file's text, or ``None`` when there is no lock file."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+
+
+def _parse(raw: str | None) -> dict | None:
+    """The holder record in ``raw``, or ``None`` when it is missing, empty or not valid."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
+        return None
+    return data
+
+
+def _holder_gone(holder: dict) -> bool:
+    if holder.get("host") != socket.gethostname():
+        return False  # another machine's process: cannot tell, so assume it is alive
+    return not _pid_alive(holder["pid"])
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _age_s(path: Path) -> float | None:
+    try:
+        return max(0.0, time.time() - path.stat().st_mtime)
+    except OSError:
+        return None
+
+
+def _held_message(path: Path, holder: dict) -> str:
+    host = holder.get("host")
+    where = "" if host == socket.gethostname() else f" on host {host}"
+    return (
+        f"another runner (pid {holder.get('pid')}{where}, {holder.get('command', '?')!r}, "
+        f"since {holder.get('started', '?')}) holds {path}; wait for it or, if that process "
+        "is gone, delete the file"
+    )

@@ -1,0 +1,187 @@
+"""What machine a run happened on, and whether two machines' timings are comparable.
+
+The torch / triton / CUDA probe runs in a child interpreter (``sys.executable -c ...``) so a
+broken CUDA stack, a driver hang or a segfault in an extension is a missing field in the
+record, never a crash of the runner. The probe result is cached for the life of the process.
+
+``RUNNER_DEVICES`` (a comma list such as ``cpu,cuda``) overrides the detected devices; it is
+read on every call, so tests and operators can force a device set after the first probe.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+
+from pydantic import BaseModel, ConfigDict
+
+DEVICES_ENV = "RUNNER_DEVICES"
+
+# Runs in a child interpreter; prints one JSON object on its last stdout line.
+_PROBE_SCRIPT = r"""
+import json
+info = {"torch": None, "cuda": None, "triton": None, "gpu_name": None, "gpu_count": 0,
+        "cuda_usable": False}
+try:
+    import torch
+    info["torch"] = torch.__version__.split("+")[0]
+    info["cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        info["gpu_count"] = torch.cuda.device_count()
+        info["gpu_name"] = torch.cuda.get_device_name(0)
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+        info["cuda_usable"] = True
+except Exception:
+    pass
+try:
+    import triton
+    info["triton"] = triton.__version__
+except Exception:
+    pass
+print(json.dumps(info))
+"""
+
+# Fields that decide whether two machines' timings can be compared (not the host name:
+# GPU hosts are leased fresh each time, so the same hardware shows up under new names).
+_COMPARABLE_FIELDS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton", "arch")
+
+
+class MachineInfo(BaseModel):
+    """The machine a run happened on.
+
+    ``platform`` is ``platform.platform()`` (kernel and libc, informational) and ``arch`` is
+    ``platform.machine()`` (``x86_64``, ``aarch64``). ``devices`` is sorted and always holds
+    ``"cpu"``; it holds ``"cuda"`` when a CUDA GPU answered a tiny allocation. Versions are
+    ``None`` when the package is absent.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hostname: str
+    platform: str
+    arch: str
+    python: str
+    cpu_count: int
+    devices: list[str]
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """``"sha256:<hex>"`` over the fields that make timings comparable (not the host)."""
+        fields = {name: getattr(self, name) for name in _COMPARABLE_FIELDS}
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+    def has_device(self, device: str) -> bool:
+        """Whether ``device`` (``"cpu"``, ``"cuda"``) is available on this machine."""
+        return device in self.devices
+
+
+def probe_machine(timeout_s: float = 60) -> MachineInfo:
+    """Describe this machine; the probe runs once per process, ``RUNNER_DEVICES`` every call."""
+    info = _cached_probe(timeout_s)
+    override = parse_devices(os.environ.get(DEVICES_ENV))
+    if override is not None:
+        info = info.model_copy(update={"devices": override})
+    return info
+
+
+def clear_probe_cache() -> None:
+    """Forget the cached probe (the next ``probe_machine`` call probes again)."""
+    _cached_probe.cache_clear()
+
+
+def parse_devices(text: str | None) -> list[str] | None:
+    """Parse a ``RUNNER_DEVICES`` value: sorted, de-duplicated, always with ``cpu``.
+
+    Returns ``None`` when ``text`` is ``None`` or blank (no override).
+    """
+    if text is None or not text.strip():
+        return None
+    names = {part.strip().lower() for part in text.split(",") if part.strip()}
+    return sorted(names | {"cpu"})
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_probe(timeout_s: float) -> MachineInfo:
+    return _probe(python=sys.executable, timeout_s=timeout_s)
+
+
+def _probe(*, python: str, timeout_s: float) -> MachineInfo:
+    """Build a ``MachineInfo`` by running the probe under ``python``; never raises."""
+    found = _run_probe_script(python, timeout_s)
+    devices = ["cpu", "cuda"] if found.get("cuda_usable") else ["cpu"]
+    return MachineInfo(
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        arch=platform.machine(),
+        python=platform.python_version(),
+        cpu_count=os.cpu_count() or 1,
+        devices=devices,
+        gpu_name=_str_or_none(found.get("gpu_name")),
+        gpu_count=int(found.get("gpu_count") or 0),
+        driver=_nvidia_driver() if found.get("gpu_count") else None,
+        cuda=_str_or_none(found.get("cuda")),
+        torch=_str_or_none(found.get("torch")),
+        triton=_str_or_none(found.get("triton")),
+    )
+
+
+def _run_probe_script(python: str, timeout_s: float) -> dict:
+    try:
+        proc = subprocess.run(
+            [python, "-c", _PROBE_SCRIPT],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return {}
+    try:
+        found = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _nvidia_driver() -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return None
+    return lines[0].strip() or None
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,239 @@
+"""Gate and phase results, and the results file that carries them between machines.
+
+Metric values are JSON numbers, strings or booleans. A NaN or infinite metric is kept as it
+was reported: the results file writes it as the ``NaN`` / ``Infinity`` literals that Python's
+``json`` module reads back, so a NaN travels as a NaN and fails its threshold again wherever
+the file is re-checked (it never turns into ``null`` or ``0.0``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from runner.errors import ResultsError
+from runner.machine import MachineInfo
+
+if TYPE_CHECKING:
+    from runner.thresholds import Threshold
+
+RESULTS_SCHEMA = 1
+
+Outcome = Literal["PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"]
+MetricValue = bool | int | float | str | None
+
+_MODEL_CONFIG = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class MetricCheck(BaseModel):
+    """One ``expect`` entry checked against the reported metrics.
+
+    ``threshold`` is the threshold's text (``">= 1.5"``); ``value`` is what the gate reported
+    (``None`` when it reported nothing); ``reason`` says why the check failed, or restates the
+    comparison when it held.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    metric: str
+    threshold: str
+    value: MetricValue
+    ok: bool
+    reason: str
+
+
+class GateResult(BaseModel):
+    """What one gate did.
+
+    ``started`` is an ISO 8601 UTC time; ``exit_code`` is the process's exit status and
+    ``signal`` the name of the signal that ended it (both ``None`` when no process ran);
+    ``log`` is the log's path relative to the report directory (``None`` when no process
+    ran) and ``log_tail`` the last lines of that log. ``artifacts`` maps the names of the
+    small text files the gate wrote to ``$RUNNER_ARTIFACTS`` to their contents.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    name: str
+    kind: str
+    outcome: Outcome
+    reason: str
+    metrics: dict[str, MetricValue]
+    checks: list[MetricCheck]
+    started: str
+    duration_s: float
+    exit_code: int | None
+    signal: str | None
+    log: str | None
+    log_tail: str
+    artifacts: dict[str, str] = {}
+
+
+class PhaseResults(BaseModel):
+    """The gates of one phase in the order they ran; ``outcome`` follows from them.
+
+    ``outcome`` may be omitted (it is derived with ``combine_outcomes``); when given it must
+    equal the derived value, so a hand-edited results file cannot claim a pass.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    phase: str
+    outcome: Outcome = "PASS"
+    gates: list[GateResult]
+
+    @model_validator(mode="after")
+    def _derive_outcome(self) -> PhaseResults:
+        derived = combine_outcomes(gate.outcome for gate in self.gates)
+        if "outcome" in self.model_fields_set and self.outcome != derived:
+            raise ValueError(
+                f"phase {self.phase!r}: outcome {self.outcome} does not follow from its gates "
+                f"(they give {derived})"
+            )
+        self.outcome = derived
+        return self
+
+
+class ResultsFile(BaseModel):
+    """A run's results, bound to the tree fingerprint and the machine they were measured on."""
+
+    model_config = _MODEL_CONFIG
+
+    results_schema: int = RESULTS_SCHEMA
+    tool: str
+    plan_id: str
+    plan_path: str
+    run_id: str
+    created: str
+    fingerprint: str
+    machine: MachineInfo
+    phases: list[PhaseResults]
+
+    def dump(self, path: Path) -> None:
+        """Write the file as indented JSON, atomically (temp file in the same folder, rename)."""
+        text = json.dumps(self.model_dump(mode="python"), indent=2, allow_nan=True) + "\n"
+        _write_atomic(Path(path), text)
+
+    @classmethod
+    def load(cls, path: Path) -> ResultsFile:
+        """Read a results file; raise ``ResultsError`` naming the file and what is wrong."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ResultsError(f"{path}: cannot read the results file: {exc}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ResultsError(
+                f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
+            ) from exc
+        if not isinstance(data, dict):
+            raise ResultsError(
+                f"{path}: a results file is a JSON object, got {type(data).__name__}"
+            )
+        schema = data.get("results_schema")
+        if schema != RESULTS_SCHEMA:
+            raise ResultsError(
+                f"{path}: unknown results_schema {schema!r}; this runner reads "
+                f"results_schema {RESULTS_SCHEMA} (use the runner version that wrote the file)"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in err['loc']) or '<top>'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ResultsError(f"{path}: invalid results file: {problems}") from exc
+
+
+def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:
+    """Outcome of a group of gates: FAIL > ERROR > BLOCKED > PASS.
+
+    An empty group passes; a group in which every gate was skipped is ``SKIPPED`` (nothing
+    ran, so nothing passed).
+    """
+    seen = set(outcomes)
+    for outcome in ("FAIL", "ERROR", "BLOCKED"):
+        if outcome in seen:
+            return outcome
+    if seen == {"SKIPPED"}:
+        return "SKIPPED"
+    return "PASS"
+
+
+def check_thresholds(
+    expect: Mapping[str, Threshold], metrics: Mapping[str, object]
+) -> list[MetricCheck]:
+    """Check every ``expect`` entry, in order, against ``metrics``.
+
+    A metric that was not reported fails (it never defaults to 0); so do ``null``, NaN,
+    infinite, boolean and string values, each with its own reason.
+    """
+    checks = []
+    for metric, threshold in expect.items():
+        text = str(threshold)
+        if metric not in metrics:
+            checks.append(
+                MetricCheck(metric=metric, threshold=text, value=None, ok=False,
+                            reason="not reported")
+            )
+            continue
+        value = metrics[metric]
+        problem = _not_a_number(value)
+        if problem is None:
+            ok = bool(threshold.check(value))
+            reason = f"{value!r} {text}" if ok else f"{value!r} is not {text}"
+        else:
+            ok, reason = False, problem
+        checks.append(
+            MetricCheck(metric=metric, threshold=text, value=_as_metric_value(value), ok=ok,
+                        reason=reason)
+        )
+    return checks
+
+
+def _not_a_number(value: object) -> str | None:
+    """Why ``value`` cannot be compared with a threshold, or ``None`` when it can."""
+    if value is None:
+        return "reported as null"
+    if isinstance(value, bool):
+        return f"is a boolean ({value}), not a number"
+    if isinstance(value, str):
+        return f"is a string ({value!r}), not a number"
+    if not isinstance(value, (int, float)):
+        return f"is a {type(value).__name__}, not a number"
+    if math.isnan(value):
+        return "is NaN"
+    if math.isinf(value):
+        return "is infinite"
+    return None
+
+
+def _as_metric_value(value: object) -> MetricValue:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
