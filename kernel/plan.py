@@ -33,7 +33,8 @@ class TileConfig:
     for when splitting KV (a multiple of the SM count).  min_chunk: fewest KV rows a split
     may own (amortizes the combine step).  dv_splits: programs sharing one work item's
     value columns (1 or 2).  keys_as_m: compute S^T = K Q^T and O^T = V^T P^T (keys fill
-    the tensor-core M dimension; suits few packed rows).
+    the tensor-core M dimension; suits few packed rows).  scratch_p: pass P through a
+    per-program scratch (see ``_attend_tile``).
     """
 
     block_m: int
@@ -44,11 +45,13 @@ class TileConfig:
     min_chunk: int = 256
     dv_splits: int = 1
     keys_as_m: bool = False
+    scratch_p: bool = False
 
     def describe(self) -> str:
         dv = f"_dv{self.dv_splits}" if self.dv_splits > 1 else ""
         km = "_kM" if self.keys_as_m else ""
-        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}{dv}{km}"
+        sp = "_sP" if self.scratch_p else ""
+        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}{dv}{km}{sp}"
 
 
 @dataclass(frozen=True)
@@ -75,16 +78,19 @@ class HeadDims:
 
 
 def default_tile_config(max_rows: int, dims: HeadDims, num_sms: int, interpret: bool) -> TileConfig:
-    """Pick a tile configuration for the widest request's packed row count ``max_rows`` = max_b T_b*H."""
+    """Pick a tile configuration for the widest request's packed row count ``max_rows`` = max_b T_b*H.
+
+    Measured on an H200 at 128k context (kernel/NOTES.md): one 16-row block with 8 warps and
+    3 stages is the fastest configuration without register spills for up to 16 rows; past
+    that a 64-row block with 8 warps (wgmma) wins by far despite its spills, because every
+    extra row block re-reads the KV chunk from L2. One program per SM beat two.
+    """
     if interpret:
         # Small tiles keep the CPU interpreter fast and still exercise multi-block paths.
         return TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, target_programs=4, min_chunk=16)
-    block_n = 64 if dims.d_main >= 256 else 64
     if max_rows <= 16:
-        return TileConfig(block_m=16, block_n=block_n, num_warps=4, num_stages=3, target_programs=2 * num_sms)
-    if max_rows <= 32:
-        return TileConfig(block_m=32, block_n=block_n, num_warps=4, num_stages=2, target_programs=2 * num_sms)
-    return TileConfig(block_m=64, block_n=block_n, num_warps=8, num_stages=2, target_programs=2 * num_sms)
+        return TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=3, target_programs=num_sms)
+    return TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, target_programs=num_sms)
 
 
 @dataclass

@@ -24,14 +24,21 @@ import triton.language as tl
 def _attend_tile(
     acc, m_i, l_i,
     q_main, q_tail,
-    KV, KV_INDICES, TREE_MASK,
+    KV, KV_INDICES, TREE_MASK, P_SCRATCH, ALPHA_SCRATCH,
     kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
     stride_kv, qk_scale, dv_off,
     D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, V_IS_K_MAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    SCRATCH_P: tl.constexpr,
 ):
-    """One KV tile of the online softmax. acc: fp32 [BLOCK_M, BLOCK_DV]; m_i, l_i: fp32 [BLOCK_M]."""
+    """One KV tile of the online softmax. acc: fp32 [BLOCK_M, BLOCK_DV]; m_i, l_i: fp32 [BLOCK_M].
+
+    SCRATCH_P passes P and the rescale factor through this program's scratch rows
+    (P_SCRATCH: [BLOCK_M, BLOCK_N], ALPHA_SCRATCH: [BLOCK_M]) so the P @ V dot is not in the
+    forward slice of the Q @ K^T dot: Triton then lays Q @ K^T out for its own shape instead
+    of making both warpgroups compute the same scores.
+    """
     cols = start + tl.arange(0, BLOCK_N)  # key positions within the request
     if MASKED:
         col_ok = cols < kv_end
@@ -46,7 +53,9 @@ def _attend_tile(
         k_main = tl.load(row_ptr + offs_main[None, :])
     if UPCAST:
         k_main = k_main.to(tl.float32)
-    qk = tl.dot(q_main, tl.trans(k_main))  # [BLOCK_M, BLOCK_N]
+    # The tail dot comes first and feeds the main one as its accumulator: a dot whose result
+    # reaches another dot gets Triton's chained-dot layout (warps stacked on M), and only the
+    # small 64-wide tail should pay for that.
     if D_TAIL > 0:
         offs_tail = D_MAIN + tl.arange(0, D_TAIL)
         tail_ok = offs_tail < D
@@ -56,7 +65,9 @@ def _attend_tile(
             k_tail = tl.load(row_ptr + offs_tail[None, :], mask=tail_ok[None, :], other=0.0)
         if UPCAST:
             k_tail = k_tail.to(tl.float32)
-        qk += tl.dot(q_tail, tl.trans(k_tail))
+        qk = tl.dot(q_main, tl.trans(k_main), tl.dot(q_tail, tl.trans(k_tail)))  # [BLOCK_M, BLOCK_N]
+    else:
+        qk = tl.dot(q_main, tl.trans(k_main))
     qk = qk * qk_scale
 
     if MASKED:
@@ -80,7 +91,6 @@ def _attend_tile(
     p = tl.math.exp2(qk - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
     if V_IS_K_MAIN:
         v = k_main
     else:
@@ -91,7 +101,18 @@ def _attend_tile(
             v = tl.load(row_ptr + offs_v[None, :], mask=offs_v[None, :] < DV, other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
-    acc = tl.dot(p.to(v.dtype), v, acc)
+    p = p.to(v.dtype)
+    if SCRATCH_P:
+        offs_m = tl.arange(0, p.shape[0])
+        offs_n = tl.arange(0, BLOCK_N)
+        tl.store(P_SCRATCH + offs_m[:, None] * BLOCK_N + offs_n[None, :], p)
+        tl.store(ALPHA_SCRATCH + offs_m, alpha)
+        tl.debug_barrier()  # every warp's P row is written before any warp reads the tile
+        p = tl.load(P_SCRATCH + offs_m[:, None] * BLOCK_N + offs_n[None, :]).to(v.dtype)
+        alpha = tl.load(ALPHA_SCRATCH + offs_m)
+        tl.debug_barrier()  # every warp has read before the next tile overwrites
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p, v, acc)
     return acc, m_new, l_i
 
 
@@ -176,7 +197,7 @@ def _attend_tile_keys_as_m(
 
 @triton.jit
 def _mla_verify_split_kernel(
-    Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
+    Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, P_SCRATCH, ALPHA_SCRATCH,
     QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
     W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
     num_heads, qk_scale,
@@ -184,13 +205,15 @@ def _mla_verify_split_kernel(
     D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, DV_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, KEYS_AS_M: tl.constexpr,
+    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, KEYS_AS_M: tl.constexpr, SCRATCH_P: tl.constexpr,
 ):
     """Grid: (num_work, DV_SPLITS).  Q: [N, H, D].  KV: [num_slots, D].  OUT: [N, H, DV].
     PARTIAL_O: fp32 [num_work, BLOCK_M, BLOCK_DV * DV_SPLITS].  PARTIAL_LSE: fp32 [num_work, BLOCK_M] (log2 domain).
     Program (w, j) computes output columns [j * BLOCK_DV, (j + 1) * BLOCK_DV): splitting the
     value columns halves the accumulator registers at the price of computing scores twice.
     KEYS_AS_M computes the transposed products (see ``_attend_tile_keys_as_m``).
+    P_SCRATCH: [grid programs, BLOCK_M * BLOCK_N] (q's dtype), ALPHA_SCRATCH: fp32
+    [grid programs, BLOCK_M]; used only with SCRATCH_P (see ``_attend_tile``).
     """
     tl.static_assert(D_MAIN <= D, "D_MAIN is the power-of-two head part")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
@@ -199,6 +222,9 @@ def _mla_verify_split_kernel(
 
     w = tl.program_id(0)
     dv_off = tl.program_id(1) * BLOCK_DV
+    program = w.to(tl.int64) * DV_SPLITS + tl.program_id(1)
+    p_scratch = P_SCRATCH + program * (BLOCK_M * BLOCK_N)
+    alpha_scratch = ALPHA_SCRATCH + program * BLOCK_M
     b = tl.load(W_REQ + w)
     mblk = tl.load(W_MBLK + w)
     kv_start = tl.load(W_KV_START + w)
@@ -244,10 +270,10 @@ def _mla_verify_split_kernel(
             )
         else:
             acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK, p_scratch, alpha_scratch,
                 kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
                 stride_kv, qk_scale, dv_off,
-                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST,
+                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST, SCRATCH_P,
             )
     for start in range(full_end, kv_end, BLOCK_N):
         if KEYS_AS_M:
@@ -259,10 +285,10 @@ def _mla_verify_split_kernel(
             )
         else:
             acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK, p_scratch, alpha_scratch,
                 kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
                 stride_kv, qk_scale, dv_off,
-                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, True, CAUSAL, UPCAST,
+                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, True, CAUSAL, UPCAST, SCRATCH_P,
             )
 
     offs_dv = dv_off + tl.arange(0, BLOCK_DV)

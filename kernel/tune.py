@@ -37,15 +37,11 @@ def ceilings(device: torch.device) -> tuple[float, float]:
 
 
 def candidate_configs(rows: int, sms: int) -> list[TileConfig]:
-    """Configurations worth timing for ``rows`` = H*T packed rows (block_m, block_n, warps, stages, dv_splits, programs/SM)."""
-    if rows <= 64:
-        shapes = [(16, 64, 8, 2, 1, 1), (16, 64, 8, 3, 1, 1), (16, 64, 4, 2, 1, 1), (16, 64, 8, 3, 1, 2)]
-        if rows > 16:
-            shapes += [(64, 64, 8, 2, 1, 1), (64, 32, 8, 2, 2, 1)]
-    else:
-        shapes = [(64, 64, 8, 2, 1, 1), (64, 32, 8, 2, 2, 1), (64, 32, 8, 2, 2, 2), (64, 32, 8, 3, 2, 1), (32, 64, 8, 2, 1, 1)]
-    return [TileConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st, target_programs=mult * sms, dv_splits=dv)
-            for bm, bn, w, st, dv, mult in shapes]
+    """Configurations worth timing for ``rows`` = H*T packed rows."""
+    if rows <= 16:
+        return [TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=3, target_programs=sms)]
+    return [TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=st, target_programs=sms, scratch_p=sp)
+            for st, sp in ((2, False), (2, True), (3, True))]
 
 
 def graph_ms(fn) -> float:
@@ -66,7 +62,7 @@ def split_only_ms(case: dict, cfg: TileConfig | None, out: torch.Tensor) -> tupl
     q, kv = case["q"], case["kv_cache"]
     plan = make_plan(case["qo_indptr"], case["kv_indptr"], q.shape[1], 576, 512, q.device, cfg)
     tensors = plan.to_device(q.device)
-    ws = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, q.device)
+    ws = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, q.device, q.dtype)
     args = (plan, tensors, q, kv, case["qo_indptr"], case["kv_indptr"], case["kv_indices"], case["tree_mask"],
             case["sm_scale"], out, ws)
     compiled = run_plan(*args, combine=False)
