@@ -195,7 +195,8 @@ def _attend_tile_keys_as_m(
     return acc_t, m_new, l_i
 
 
-@triton.jit
+# Head counts vary per model and batch; specializing on them (==1, %16) would multiply compiles.
+@triton.jit(do_not_specialize=["num_heads"])
 def _mla_verify_split_kernel(
     Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, P_SCRATCH, ALPHA_SCRATCH,
     QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
@@ -315,7 +316,7 @@ def _mla_verify_split_kernel(
             tl.store(PARTIAL_LSE + p_row, lse)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_heads"])
 def _mla_verify_combine_kernel(
     OUT, PARTIAL_O, PARTIAL_LSE,
     QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
