@@ -1,0 +1,493 @@
+"""Benchmark gate: kernel time as a fraction of the roofline, and speedup over the naive oracle.
+
+Every row: B=1 (or a ragged B=8 batch), bf16, D=576, DV=512, slots from ``torch.randperm`` of a
+fresh pool 1.25x the rows needed (past the 50 MB L2), a random draft tree. The kernel is timed
+with ``triton.testing.do_bench`` (median, L2 flushed between reps) into a preallocated ``out``,
+after its output has been checked against the fp32 oracle. Ceilings are measured first, in the
+same process. Rows are classed by packed rows ``H*T``: memory-bound (<= 64), compute-bound
+(>= 256), mid otherwise.
+
+``time_us`` (and so ``frac``) is the planned call a serving engine makes per layer: when the
+kernel package has ``MLAVerifyWrapper``, ``plan()`` runs once per row outside the timing and
+``run(out=)`` is timed, as FlashInfer's benchmarks do; ``call_us`` is the one-call
+``mla_verify_attention`` including its host-side planning, reported next to it.
+
+Gate: ``call: phases.kernel.benchmark:run``.
+Standalone: ``python -m phases.kernel.benchmark [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from kernel.reference import mla_verify_reference
+from phases.kernel.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from phases.kernel.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.kernel.verify import max_request_rel_err
+
+BENCH_SHAPES = ((16, 1), (128, 1), (8, 8), (16, 8), (64, 8), (128, 8), (16, 32), (64, 32))  # (H, T)
+DEFAULT_CONTEXTS = (4096, 16384, 65536, 131072, 262144)
+QUICK_CONTEXTS = (65536, 131072)
+BATCH8_SHAPE = (16, 8)
+BATCH8_CONTEXTS = (1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072)  # ragged, 1k..128k
+COMPARISON_CONTEXT = 65536
+TREE_COMPARISON_SHAPE = (16, 8)
+LAYOUT_COMPARISON_SHAPE = (16, 1)
+ORACLE_MIN_CONTEXT = 16384
+ORACLE_MAX_BYTES = 20 << 30
+MEMORY_BOUND_MAX_ROWS = 64
+COMPUTE_BOUND_MIN_ROWS = 256
+HEAD_DIM, V_HEAD_DIM = 576, 512
+
+
+@dataclass
+class BenchRow:
+    """One timed configuration. Times in microseconds; ``oracle_us``/``speedup`` None when not timed."""
+
+    name: str
+    kind: str  # "sweep" | "batch" | "tree" | "causal" | "scattered" | "contiguous"
+    context: int  # L (the largest L_b for a batch)
+    num_heads: int
+    num_draft: int
+    batch_size: int
+    total_kv: int
+    time_us: float
+    call_us: float
+    kv_GBps: float
+    tflops: float
+    roofline_us: float
+    frac: float
+    bound: str
+    oracle_us: float | None
+    speedup: float | None
+    rel_err: float
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What to time: the (H, T) sweep over contexts, the ragged batch and the two comparisons."""
+
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    shapes: tuple[tuple[int, int], ...] = BENCH_SHAPES
+    batch_contexts: tuple[int, ...] = BATCH8_CONTEXTS
+    comparison_context: int = COMPARISON_CONTEXT
+    oracle_min_context: int = ORACLE_MIN_CONTEXT
+    oracle_max_context: int | None = None  # None: no upper bound (the ~20 GB cap still applies)
+    seed: int = 0
+
+
+def run(
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    seed: int = 0,
+    oracle_max_context: int | None = None,
+    artifacts_dir: str | None = None,
+) -> dict:
+    """Measure ceilings, then every row; return the gate's metrics.
+
+    Args:
+        contexts: L values of the (H, T) sweep.
+        seed: input seed.
+        oracle_max_context: time the oracle only up to this context (None: no upper bound;
+            it is always skipped below 16k and above ~20 GB of temporaries).
+        artifacts_dir: where ``bench.json``/``bench.md`` go (None: ``$RUNNER_ARTIFACTS`` if set).
+    Returns:
+        metrics: ``copy_bw_TBps``, ``bf16_TFLOPs``, ``min_frac_{memory,mid,compute}_{64k,16k}``,
+        ``min_frac_batch8``, ``min_speedup_64k``, ``tree_mask_overhead``, ``scattered_overhead``,
+        ``max_rel_err``, ``rows``, ``elapsed_s`` and ``frac_<row>``/``us_<row>`` per row (e.g.
+        ``frac_h16_t8_128k``). A class metric is absent when no row of it ran.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("The benchmark gate needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from kernel import mla_verify_attention
+
+    device = torch.device("cuda")
+    started = time.perf_counter()
+    ceilings = measure_ceilings(device)
+    spec = BenchSpec(contexts=tuple(contexts), oracle_max_context=oracle_max_context, seed=seed)
+    rows = measure_rows(spec, mla_verify_attention, ceilings, device, prepare_run=planned_run)
+    metrics = summarize(rows, ceilings)
+    device_info = describe_device(device)
+    table = markdown_table(rows, ceilings, device_info)
+    target = artifacts_dir or os.environ.get("RUNNER_ARTIFACTS")
+    if target:
+        write_artifacts(Path(target), rows, ceilings, device_info, metrics, table)
+    metrics["elapsed_s"] = round(time.perf_counter() - started, 2)
+    print(table, flush=True)  # the gate's log keeps the table
+    return metrics
+
+
+def measure_rows(
+    spec: BenchSpec,
+    attention_fn: Callable[..., torch.Tensor],
+    ceilings: Ceilings,
+    device: torch.device,
+    time_fn: Callable[..., float] | None = None,
+    prepare_run: Callable[[dict, torch.Tensor], Callable[[], torch.Tensor]] | None = None,
+) -> list[BenchRow]:
+    """Every row of ``spec``, in order: sweep, ragged batch, tree vs causal, scattered vs contiguous.
+
+    ``attention_fn``: the one-call API (checked against the oracle, and timed as ``call_us``).
+    ``time_fn(fn, warmup_ms=, rep_ms=) -> microseconds`` defaults to ``do_bench``'s median.
+    ``prepare_run(inputs, out) -> fn`` returns the zero-argument call timed as ``time_us``
+    (None: the one-call API itself, so ``call_us == time_us``).
+    """
+    bench = _Bench(attention_fn, ceilings, device, spec, time_fn or _bench_us, prepare_run)
+    progress = _Progress(os.environ.get("RUNNER_PROGRESS"), len(spec.contexts) * len(spec.shapes) + 5)
+    base_seed = spec.seed * 1000
+    rows: list[BenchRow] = []
+    for context in spec.contexts:
+        for num_heads, num_draft in spec.shapes:
+            case = _single_case(num_heads, num_draft, context, seed=base_seed + len(rows))
+            rows.append(bench.measure(f"h{num_heads}_t{num_draft}_{context_label(context)}", "sweep", case))
+            progress.step()
+    batch_heads, batch_draft = BATCH8_SHAPE
+    batch_case = Case(
+        num_heads=batch_heads,
+        draft_lens=(batch_draft,) * len(spec.batch_contexts),
+        context_lens=tuple(spec.batch_contexts),
+        sm_scale=PRODUCTION_SM_SCALE,
+        seed=base_seed + 900,
+    )
+    rows.append(bench.measure(f"b{batch_case.batch_size}_h{batch_heads}_t{batch_draft}", "batch", batch_case))
+    progress.step()
+    tree_case = _single_case(*TREE_COMPARISON_SHAPE, spec.comparison_context, seed=base_seed + 901)
+    rows += bench.compare_tree_causal(tree_case)
+    progress.step(2)
+    layout_case = _single_case(*LAYOUT_COMPARISON_SHAPE, spec.comparison_context, seed=base_seed + 902)
+    rows += bench.compare_layouts(layout_case)
+    progress.step(2)
+    return rows
+
+
+class _Bench:
+    """Times rows of one device and kernel against the same-run ceilings."""
+
+    def __init__(
+        self,
+        attention_fn: Callable[..., torch.Tensor],
+        ceilings: Ceilings,
+        device: torch.device,
+        spec: BenchSpec,
+        time_fn: Callable[..., float],
+        prepare_run: Callable[[dict, torch.Tensor], Callable[[], torch.Tensor]] | None,
+    ) -> None:
+        self.attention_fn = attention_fn
+        self.ceilings = ceilings
+        self.device = device
+        self.spec = spec
+        self.time_fn = time_fn
+        self.prepare_run = prepare_run
+
+    def measure(self, name: str, kind: str, case: Case) -> BenchRow:
+        """Check, then time one row on a fresh pool."""
+        inputs = build_inputs(case, self.device)
+        out = _empty_out(inputs, case)
+        planned = self._prepare(inputs, out)
+        rel_err = self._check(inputs, out, planned)
+        time_us, call_us = self._time_kernel(inputs, out, planned)
+        oracle_us = self._time_oracle(case, inputs)
+        return self._row(name, kind, case, (time_us, call_us), oracle_us, rel_err)
+
+    def compare_tree_causal(self, case: Case) -> list[BenchRow]:
+        """The same inputs with the tree mask and with ``tree_mask=None``, timed alternately."""
+        tree_inputs = build_inputs(case, self.device)
+        causal_inputs = {**tree_inputs, "tree_mask": None}
+        return self._pair(("tree", case, tree_inputs), ("causal", case, causal_inputs))
+
+    def compare_layouts(self, case: Case) -> list[BenchRow]:
+        """Scattered vs contiguous slots over the same pool data, timed alternately."""
+        contiguous = Case(**{**asdict(case), "scattered": False})
+        return self._pair(
+            ("scattered", case, build_inputs(case, self.device)),
+            ("contiguous", contiguous, build_inputs(contiguous, self.device)),
+        )
+
+    def _pair(self, *variants: tuple[str, Case, dict]) -> list[BenchRow]:
+        """Time variants in two alternating rounds and keep each one's faster median (drift-fair)."""
+        outs = [_empty_out(inputs, case) for _, case, inputs in variants]
+        planned = [self._prepare(inputs, out) for (_, _, inputs), out in zip(variants, outs)]
+        rel_errs = [self._check(v[2], out, run) for v, out, run in zip(variants, outs, planned)]
+        best = [(float("inf"), float("inf"))] * len(variants)
+        for _ in range(2):
+            for i, ((_, _, inputs), out) in enumerate(zip(variants, outs)):
+                times = self._time_kernel(inputs, out, planned[i])
+                best[i] = (min(best[i][0], times[0]), min(best[i][1], times[1]))
+        rows = []
+        for (label, case, _), times, rel_err in zip(variants, best, rel_errs):
+            base = f"h{case.num_heads}_t{case.draft_lens[0]}_{context_label(case.context_lens[0])}"
+            rows.append(self._row(f"{base}_{label}", label, case, times, None, rel_err))
+        return rows
+
+    def _prepare(self, inputs: dict, out: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+        return None if self.prepare_run is None else self.prepare_run(inputs, out)
+
+    def _time_kernel(
+        self, inputs: dict, out: torch.Tensor, planned: Callable[[], torch.Tensor] | None
+    ) -> tuple[float, float]:
+        """(time_us, call_us): the prepared (planned) call and the one-call API."""
+        call_us = self.time_fn(lambda: self.attention_fn(**inputs, out=out), warmup_ms=25, rep_ms=200)
+        if planned is None:
+            return call_us, call_us
+        return self.time_fn(planned, warmup_ms=25, rep_ms=200), call_us
+
+    def _check(self, inputs: dict, out: torch.Tensor, planned: Callable[[], torch.Tensor] | None) -> float:
+        """Largest per-request relative error vs the fp32 oracle, over the one-call API and the
+        planned call (each into a NaN-poisoned ``out``); inf when either leaves NaN/inf."""
+        oracle = mla_verify_reference(**inputs, compute_dtype=torch.float32, out_dtype=torch.float32)
+        worst = 0.0
+        for call in (lambda: self.attention_fn(**inputs, out=out), planned):
+            if call is None:
+                continue
+            out.fill_(float("nan"))
+            call()
+            if not bool(torch.isfinite(out).all()):
+                return float("inf")
+            worst = max(worst, max_request_rel_err(out, oracle, inputs["qo_indptr"]))
+        return worst
+
+    def _time_oracle(self, case: Case, inputs: dict) -> float | None:
+        context, limit = max(case.context_lens), self.spec.oracle_max_context
+        if context < self.spec.oracle_min_context or (limit is not None and context > limit):
+            return None
+        if oracle_bytes(case) > ORACLE_MAX_BYTES:
+            return None
+        torch.cuda.empty_cache()
+        fn = lambda: mla_verify_reference(  # noqa: E731 - the unchunked naive baseline
+            **inputs, compute_dtype=torch.float32, chunk_bytes=ORACLE_MAX_BYTES
+        )
+        return self.time_fn(fn, warmup_ms=10, rep_ms=60)
+
+    def _row(
+        self,
+        name: str,
+        kind: str,
+        case: Case,
+        times_us: tuple[float, float],
+        oracle_us: float | None,
+        rel_err: float,
+    ) -> BenchRow:
+        """A row from ``times_us = (time_us, call_us)``; roofline from the same-run ceilings."""
+        time_us, call_us = times_us
+        heads, drafts, contexts = case.num_heads, case.draft_lens, case.context_lens
+        num_bytes = mla_verify_bytes(contexts, drafts, heads, HEAD_DIM, V_HEAD_DIM)
+        flops = mla_verify_flops(contexts, drafts, heads, HEAD_DIM, V_HEAD_DIM)
+        ideal_s = roofline_time(num_bytes, flops, self.ceilings)
+        seconds = time_us * 1e-6
+        return BenchRow(
+            name=name,
+            kind=kind,
+            context=max(contexts),
+            num_heads=heads,
+            num_draft=drafts[0],
+            batch_size=case.batch_size,
+            total_kv=case.total_kv,
+            time_us=round(time_us, 2),
+            call_us=round(call_us, 2),
+            kv_GBps=round(case.total_kv * HEAD_DIM * 2 / seconds / 1e9, 1),
+            tflops=round(flops / seconds / 1e12, 1),
+            roofline_us=round(ideal_s * 1e6, 2),
+            frac=round(ideal_s / seconds, 4),
+            bound=bound_class(heads * drafts[0]),
+            oracle_us=None if oracle_us is None else round(oracle_us, 1),
+            speedup=None if oracle_us is None else round(oracle_us / time_us, 2),
+            rel_err=rel_err,
+        )
+
+
+def summarize(rows: list[BenchRow], ceilings: Ceilings) -> dict:
+    """The gate's metrics (see ``run``) from the measured rows."""
+    metrics: dict = {
+        "copy_bw_TBps": round(ceilings.copy_bw_bytes_per_s / 1e12, 3),
+        "bf16_TFLOPs": round(ceilings.bf16_flops_per_s / 1e12, 1),
+    }
+    sweep = [r for r in rows if r.kind == "sweep"]
+    for bound in ("memory", "mid", "compute"):
+        of_class = [r for r in sweep if r.bound == bound]
+        _put_min(metrics, f"min_frac_{bound}_64k", [r.frac for r in of_class if r.context >= 65536])
+        _put_min(metrics, f"min_frac_{bound}_16k", [r.frac for r in of_class if r.context == 16384])
+    _put_min(metrics, "min_frac_batch8", [r.frac for r in rows if r.kind == "batch"])
+    long_sweep = [r for r in sweep if r.context >= 65536]
+    _put_min(metrics, "min_speedup_64k", [r.speedup for r in long_sweep if r.speedup is not None])
+    by_kind = {r.kind: r for r in rows}
+    for metric, slower, baseline in (
+        ("tree_mask_overhead", "tree", "causal"),
+        ("scattered_overhead", "scattered", "contiguous"),
+    ):
+        if slower in by_kind and baseline in by_kind:
+            metrics[metric] = round(by_kind[slower].time_us / by_kind[baseline].time_us - 1, 4)
+    metrics["max_rel_err"] = max(r.rel_err for r in rows)
+    metrics["rows"] = len(rows)
+    for r in rows:
+        metrics[f"frac_{r.name}"] = r.frac
+        metrics[f"us_{r.name}"] = r.time_us
+    return metrics
+
+
+def bound_class(packed_rows: int) -> str:
+    """``memory`` for H*T <= 64, ``compute`` for H*T >= 256, ``mid`` in between."""
+    if packed_rows <= MEMORY_BOUND_MAX_ROWS:
+        return "memory"
+    if packed_rows >= COMPUTE_BOUND_MIN_ROWS:
+        return "compute"
+    return "mid"
+
+
+def context_label(context: int) -> str:
+    """``65536 -> "64k"``; contexts that are not a multiple of 1024 keep their digits."""
+    return f"{context // 1024}k" if context % 1024 == 0 else str(context)
+
+
+def oracle_bytes(case: Case) -> int:
+    """Peak temporaries of the unchunked fp32 oracle: gathered rows, then ~3 score-sized tensors."""
+    rows = max(case.context_lens) * HEAD_DIM * (2 + 4)
+    scores = max(t * ctx for t, ctx in zip(case.draft_lens, case.context_lens)) * case.num_heads * 4
+    return rows + 3 * scores
+
+
+def markdown_table(rows: list[BenchRow], ceilings: Ceilings, device_info: dict) -> str:
+    """Ceilings and device on top, then one table line per row."""
+    lines = [
+        "# MLA verify benchmark",
+        "",
+        f"- device: {device_info.get('name')} ({device_info.get('sm_count')} SMs), "
+        f"torch {device_info.get('torch')}, triton {device_info.get('triton')}",
+        f"- copy bandwidth (D2D, read + written): {ceilings.copy_bw_bytes_per_s / 1e12:.3f} TB/s",
+        f"- bf16 matmul 8192^3: {ceilings.bf16_flops_per_s / 1e12:.1f} TFLOP/s",
+        "",
+        "| row | context | H | T | B | time_us | call_us | kv_GBps | TFLOP/s | roofline_us | frac | bound "
+        "| oracle_us | speedup | rel_err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        oracle = "n/a" if r.oracle_us is None else f"{r.oracle_us:.1f}"
+        speedup = "n/a" if r.speedup is None else f"{r.speedup:.2f}"
+        lines.append(
+            f"| {r.name} | {context_label(r.context)} | {r.num_heads} | {r.num_draft} | {r.batch_size} | "
+            f"{r.time_us:.1f} | {r.call_us:.1f} | {r.kv_GBps:.0f} | {r.tflops:.1f} | {r.roofline_us:.1f} | {r.frac:.3f} | "
+            f"{r.bound} | "
+            f"{oracle} | {speedup} | {r.rel_err:.2e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def describe_device(device: torch.device) -> dict:
+    """GPU name, capability, SM count and library versions, for the report."""
+    import triton
+
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "memory_GiB": round(props.total_memory / 2**30, 1),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def write_artifacts(
+    directory: Path, rows: list[BenchRow], ceilings: Ceilings, device_info: dict, metrics: dict, table: str
+) -> None:
+    """``bench.json`` (rows, ceilings, device, metrics) and ``bench.md`` (the table)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "device": device_info,
+        "ceilings": asdict(ceilings),
+        "metrics": metrics,
+        "rows": [asdict(r) for r in rows],
+    }
+    (directory / "bench.json").write_text(json.dumps(payload, indent=1))
+    (directory / "bench.md").write_text(table)
+
+
+def planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The serving-engine call: ``MLAVerifyWrapper.plan`` once here, ``run(out=)`` per call.
+
+    Falls back to the one-call ``mla_verify_attention`` when the kernel package has no wrapper.
+    """
+    q = inputs["q"]
+    try:
+        from kernel.mla_verify import MLAVerifyWrapper
+    except ImportError:
+        from kernel import mla_verify_attention
+
+        return lambda: mla_verify_attention(**inputs, out=out)
+    wrapper = MLAVerifyWrapper(q.device)
+    wrapper.plan(
+        inputs["qo_indptr"], inputs["kv_indptr"], num_heads=q.shape[1], head_dim=q.shape[2],
+        v_head_dim=inputs["v_head_dim"], dtype=q.dtype,
+    )
+    args = (q, inputs["kv_cache"], inputs["kv_indices"], inputs["tree_mask"], inputs["sm_scale"])
+    return lambda: wrapper.run(*args, out=out)
+
+
+def _single_case(num_heads: int, num_draft: int, context: int, seed: int) -> Case:
+    """B=1, bf16, D=576/DV=512, random tree, scattered int32 slots, production sm_scale."""
+    return Case(
+        num_heads=num_heads,
+        draft_lens=(num_draft,),
+        context_lens=(context,),
+        sm_scale=PRODUCTION_SM_SCALE,
+        seed=seed,
+    )
+
+
+def _empty_out(inputs: dict, case: Case) -> torch.Tensor:
+    """``q.dtype`` ``[N, H, DV]``."""
+    q = inputs["q"]
+    return torch.empty(q.shape[0], q.shape[1], case.v_head_dim, dtype=q.dtype, device=q.device)
+
+
+def _bench_us(fn: Callable[[], object], *, warmup_ms: int, rep_ms: int) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def _put_min(metrics: dict, name: str, values: list[float]) -> None:
+    if values:
+        metrics[name] = min(values)
+
+
+class _Progress:
+    """Appends ``{"done": n, "total": m}`` lines to ``$RUNNER_PROGRESS`` when it is set."""
+
+    def __init__(self, path: str | None, total: int) -> None:
+        self.path, self.total, self.done = path, total, 0
+
+    def step(self, count: int = 1) -> None:
+        self.done += count
+        if self.path:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"done": self.done, "total": self.total}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run the benchmark (which prints the table), then print the metrics."""
+    parser = argparse.ArgumentParser(description="Benchmark mla_verify_attention against the roofline.")
+    parser.add_argument("--quick", action="store_true", help="64k and 128k only; oracle at 64k only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="directory for bench.json and bench.md")
+    args = parser.parse_args(argv)
+    if args.quick:
+        metrics = run(contexts=QUICK_CONTEXTS, seed=args.seed, oracle_max_context=65536, artifacts_dir=args.out)
+    else:
+        metrics = run(seed=args.seed, artifacts_dir=args.out)
+    print(json.dumps(metrics, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

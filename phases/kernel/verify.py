@@ -1,0 +1,274 @@
+"""Verify gate: the kernel against the float64 reference over a profile of seeded cases.
+
+Per case: build inputs, poison a preallocated ``out`` (and a guard region after it) with NaN,
+call the kernel with ``out=``, require that it returned ``out``, wrote every element, wrote
+nothing past it, matches the float64 reference per request (relative Frobenius error) and
+gives bitwise the same result on a second call. A case that raises is a failed case; the
+gate goes on with the next one.
+
+Gate: ``call: phases.kernel.verify:run`` with ``args: {profile: full}`` (CUDA) or
+``{profile: interpret}`` (CPU, with ``TRITON_INTERPRET=1`` in the gate's env).
+Standalone: ``python -m phases.kernel.verify --profile interpret [--limit N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from kernel.reference import mla_verify_reference
+from phases.kernel.cases import PROFILES, Case, build_inputs
+
+GUARD_ELEMENTS = 4096  # NaN-poisoned elements after `out` that the kernel must leave alone
+ERROR_TEXT_LIMIT = 2000
+
+
+@dataclass
+class CaseResult:
+    """Outcome of one case; ``max_rel_err`` is None when it could not be measured."""
+
+    index: int
+    case: str
+    ok: bool
+    max_rel_err: float | None = None
+    non_finite: bool = False
+    deterministic: bool | None = None
+    returned_out: bool | None = None
+    overrun: bool = False
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def run(
+    profile: str = "full",
+    seed: int = 0,
+    limit: int | None = None,
+    tol: float = 1e-2,
+    attention_fn: Callable[..., torch.Tensor] | None = None,
+) -> dict:
+    """Run the verify profile and return the gate's metrics.
+
+    Args:
+        profile: ``"full"`` (CUDA, ``full_cases``) or ``"interpret"`` (CPU, ``interpret_cases``).
+        seed: case generator seed.
+        limit: run only the first ``limit`` cases (None: all).
+        tol: per-case bound on the largest per-request relative error.
+        attention_fn: the function under test, with the signature of
+            ``kernel.mla_verify_attention`` (None: that function).
+    Returns:
+        ``{"cases", "cases_failed", "max_rel_err", "nan_cases", "nondeterministic",
+        "overrun_cases", "errors", "elapsed_s", "profile"}``; ``max_rel_err`` is NaN when no
+        case could be measured.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"Expected profile in {sorted(PROFILES)}, got {profile!r}")
+    device = _device_for(profile)
+    if attention_fn is None and profile == "interpret" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "Profile 'interpret' runs the kernel on CPU tensors and needs TRITON_INTERPRET=1 set before "
+            "the kernel is imported (the plan's gate sets it in env:)"
+        )
+    if attention_fn is None:
+        # Imported here, not at the top: the kernel reads TRITON_INTERPRET when it is imported.
+        from kernel import mla_verify_attention as attention_fn
+    cases = PROFILES[profile](seed)
+    if limit is not None:
+        cases = cases[:limit]
+
+    started = time.perf_counter()
+    results: list[CaseResult] = []
+    progress_path = os.environ.get("RUNNER_PROGRESS")
+    for index, case in enumerate(cases):
+        results.append(check_case(index, case, device, attention_fn, tol))
+        _report_progress(progress_path, done=index + 1, total=len(cases))
+    metrics = summarize(results, profile=profile, elapsed_s=time.perf_counter() - started)
+    artifacts = os.environ.get("RUNNER_ARTIFACTS")
+    if artifacts:
+        write_artifacts(Path(artifacts), profile, results, metrics)
+    return metrics
+
+
+def check_case(
+    index: int,
+    case: Case,
+    device: torch.device,
+    attention_fn: Callable[..., torch.Tensor],
+    tol: float,
+) -> CaseResult:
+    """Run one case through every check; never raises (an exception becomes ``error``)."""
+    started = time.perf_counter()
+    result = CaseResult(index=index, case=case.describe(), ok=False)
+    try:
+        inputs = build_inputs(case, device)
+        first = _call_poisoned(attention_fn, inputs, case, result)
+        result.non_finite = not bool(torch.isfinite(first).all())
+        reference = mla_verify_reference(**inputs, compute_dtype=torch.float64, out_dtype=torch.float64)
+        if not result.non_finite:
+            result.max_rel_err = max_request_rel_err(first, reference, inputs["qo_indptr"])
+        second = _call_poisoned(attention_fn, inputs, case, result)
+        result.deterministic = torch.equal(_bits(first), _bits(second))
+        result.ok = (
+            result.returned_out is True
+            and not result.non_finite
+            and not result.overrun
+            and result.deterministic
+            and result.max_rel_err is not None
+            and result.max_rel_err <= tol
+        )
+    except Exception as exc:  # a raising case is a failed case; keep going
+        result.error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+    result.seconds = round(time.perf_counter() - started, 4)
+    return result
+
+
+def max_request_rel_err(out: torch.Tensor, reference: torch.Tensor, qo_indptr: torch.Tensor) -> float:
+    """Largest ``||out_b - ref_b|| / ||ref_b||`` over requests, computed in float64.
+
+    Args:
+        out: any float dtype ``[N, H, DV]``.
+        reference: float64 ``[N, H, DV]``.
+        qo_indptr: int ``[B + 1]``.
+    """
+    bounds = qo_indptr.tolist()
+    worst = 0.0
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        ref_b = reference[start:end].double()
+        err = torch.linalg.vector_norm(out[start:end].double() - ref_b)
+        worst = max(worst, float(err / torch.linalg.vector_norm(ref_b).clamp_min(1e-300)))
+    return worst
+
+
+def summarize(results: list[CaseResult], *, profile: str, elapsed_s: float) -> dict:
+    """The gate's metrics from the per-case results."""
+    measured = [r.max_rel_err for r in results if r.max_rel_err is not None]
+    return {
+        "profile": profile,
+        "cases": len(results),
+        "cases_failed": sum(not r.ok for r in results),
+        "max_rel_err": max(measured) if measured else math.nan,
+        "nan_cases": sum(r.non_finite for r in results),
+        "nondeterministic": sum(r.deterministic is False for r in results),
+        "overrun_cases": sum(r.overrun for r in results),
+        "not_out_cases": sum(r.returned_out is False for r in results),
+        "errors": sum(r.error is not None for r in results),
+        "elapsed_s": round(elapsed_s, 3),
+    }
+
+
+def write_artifacts(directory: Path, profile: str, results: list[CaseResult], metrics: dict) -> None:
+    """``verify-<profile>.json`` (per-case results) and ``verify-<profile>.md`` (summary)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"verify-{profile}.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+    (directory / f"verify-{profile}.md").write_text(summary_markdown(profile, results, metrics))
+
+
+def summary_markdown(profile: str, results: list[CaseResult], metrics: dict) -> str:
+    """A short Markdown report: the metrics, then every failed case."""
+    lines = [f"# Verify ({profile})", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in metrics.items()]
+    failed = [r for r in results if not r.ok]
+    lines += ["", f"## Failed cases ({len(failed)})", ""]
+    if not failed:
+        lines.append("None.")
+    for r in failed[:100]:
+        reason = r.error or _failure_reason(r)
+        lines.append(f"- #{r.index} `{r.case}`: {reason}")
+    if len(failed) > 100:
+        lines.append(f"- ... and {len(failed) - 100} more (see the JSON)")
+    return "\n".join(lines) + "\n"
+
+
+def _failure_reason(result: CaseResult) -> str:
+    reasons = []
+    if result.returned_out is False:
+        reasons.append("did not return `out`")
+    if result.non_finite:
+        reasons.append("NaN/inf left in the output (elements not written)")
+    if result.overrun:
+        reasons.append("wrote past the end of `out`")
+    if result.deterministic is False:
+        reasons.append("second call differs bitwise")
+    if result.max_rel_err is not None:
+        reasons.append(f"max rel err {result.max_rel_err:.3e}")
+    return "; ".join(reasons)
+
+
+def _call_poisoned(
+    attention_fn: Callable[..., torch.Tensor], inputs: dict, case: Case, result: CaseResult
+) -> torch.Tensor:
+    """Call the kernel into a NaN-poisoned ``out`` followed by a NaN guard region.
+
+    Records in ``result`` whether the call returned ``out`` and whether it touched the guard.
+    Returns a copy of ``out``: ``q.dtype`` ``[N, H, DV]``.
+    """
+    q = inputs["q"]
+    num_tokens, num_heads, _ = q.shape
+    out_elements = num_tokens * num_heads * case.v_head_dim
+    buffer = torch.full((out_elements + GUARD_ELEMENTS,), math.nan, dtype=q.dtype, device=q.device)
+    out = buffer[:out_elements].view(num_tokens, num_heads, case.v_head_dim)
+    returned = attention_fn(**inputs, out=out)
+    returned_out = returned is out or (
+        isinstance(returned, torch.Tensor)
+        and returned.data_ptr() == out.data_ptr()
+        and returned.shape == out.shape
+        and returned.stride() == out.stride()
+    )
+    result.returned_out = returned_out and result.returned_out is not False
+    result.overrun = result.overrun or not bool(buffer[out_elements:].isnan().all())
+    return out.clone()
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw 16-bit patterns of a bf16/fp16 tensor (NaN-safe bitwise comparison)."""
+    return tensor.contiguous().view(torch.int16) if tensor.element_size() == 2 else tensor.contiguous()
+
+
+def _device_for(profile: str) -> torch.device:
+    if profile == "interpret":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"Profile {profile!r} needs a CUDA GPU; use profile 'interpret' on a CPU")
+    return torch.device("cuda")
+
+
+def _report_progress(path: str | None, *, done: int, total: int) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"done": done, "total": total}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run a profile, print the summary (or the metrics as JSON), exit 1 on failure."""
+    parser = argparse.ArgumentParser(description="Verify mla_verify_attention against the float64 reference.")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=None, help="run only the first N cases")
+    parser.add_argument("--tol", type=float, default=1e-2, help="per-case max relative error")
+    parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    args = parser.parse_args(argv)
+    if args.profile == "interpret" and os.environ.get("TRITON_INTERPRET") != "1":
+        # The interpreter must be chosen before triton compiles anything: start again with it set.
+        command = [sys.executable, "-m", "phases.kernel.verify", *(sys.argv[1:] if argv is None else argv)]
+        os.execve(sys.executable, command, {**os.environ, "TRITON_INTERPRET": "1"})
+    metrics = run(profile=args.profile, seed=args.seed, limit=args.limit, tol=args.tol)
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        for name, value in metrics.items():
+            print(f"{name:>18}: {value}")
+    return 0 if metrics["cases_failed"] == 0 and metrics["cases"] > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,460 @@
+"""The kernel phase's gates: verify catches planted bugs, roofline arithmetic, metric names, the plan."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel.reference import mla_verify_reference
+from phases.kernel import benchmark, build, verify
+from phases.kernel.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PLAN_PATH = REPO_ROOT / "plans" / "0002-mla-verify-kernel-defrag.md"
+SMALL = 8  # interpret-profile cases per in-process gate run
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def kernel_exports_attention() -> bool:
+    try:
+        return hasattr(importlib.import_module("kernel"), "mla_verify_attention")
+    except ImportError:
+        return False
+
+
+requires_kernel = pytest.mark.skipif(
+    not kernel_exports_attention(), reason="kernel.mla_verify_attention is not written yet"
+)
+
+
+# --- stand-in attention functions (same signature as kernel.mla_verify_attention) ----------------
+
+
+def correct_attention(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask=None, sm_scale=None,
+                      v_head_dim=512, out=None):
+    result = mla_verify_reference(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, v_head_dim)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def ignores_tree_mask(*args, tree_mask=None, **kwargs):
+    return correct_attention(*args, tree_mask=None, **kwargs)
+
+
+def writes_half_the_output(*args, out=None, **kwargs):
+    result = correct_attention(*args, **kwargs)
+    half = result.shape[-1] // 2
+    out[..., :half] = result[..., :half]
+    return out
+
+
+def returns_a_new_tensor(*args, out=None, **kwargs):
+    return correct_attention(*args, **kwargs)
+
+
+def adds_call_dependent_noise(*args, out=None, **kwargs):
+    adds_call_dependent_noise.calls += 1
+    result = correct_attention(*args, **kwargs)
+    out.copy_(result + 1e-3 * adds_call_dependent_noise.calls)
+    return out
+
+
+adds_call_dependent_noise.calls = 0
+
+
+def writes_past_the_end(*args, out=None, **kwargs):
+    correct_attention(*args, out=out, **kwargs)
+    spill = torch.empty(0, dtype=out.dtype, device=out.device)
+    spill.set_(out.untyped_storage(), out.storage_offset(), (out.numel() + 1,))
+    spill[-1] = 0.0
+    return out
+
+
+def always_raises(*args, **kwargs):
+    raise RuntimeError("planted failure")
+
+
+def run_interpret(attention_fn, limit=SMALL):
+    return verify.run(profile="interpret", limit=limit, attention_fn=attention_fn)
+
+
+# --- the verify gate -------------------------------------------------------------------------
+
+
+def test_verify_passes_a_correct_implementation():
+    metrics = run_interpret(correct_attention)
+    assert metrics["cases"] == SMALL
+    assert metrics["cases_failed"] == 0
+    assert metrics["nan_cases"] == metrics["nondeterministic"] == metrics["overrun_cases"] == 0
+    assert 0 < metrics["max_rel_err"] < 1e-2  # bf16/fp16 output rounding, measured in float64
+
+
+def test_verify_catches_a_dropped_tree_mask():
+    metrics = verify.run(profile="interpret", attention_fn=ignores_tree_mask)
+    assert metrics["cases_failed"] > 0
+    assert metrics["max_rel_err"] > 1e-2
+    assert metrics["nan_cases"] == 0
+
+
+def test_verify_catches_unwritten_output():
+    metrics = run_interpret(writes_half_the_output)
+    assert metrics["nan_cases"] == SMALL
+    assert metrics["cases_failed"] == SMALL
+
+
+def test_verify_requires_writing_into_out():
+    metrics = run_interpret(returns_a_new_tensor)
+    assert metrics["not_out_cases"] == SMALL
+    assert metrics["cases_failed"] == SMALL
+
+
+def test_verify_catches_nondeterminism():
+    metrics = run_interpret(adds_call_dependent_noise)
+    assert metrics["nondeterministic"] == SMALL
+    assert metrics["cases_failed"] == SMALL
+
+
+def test_verify_catches_writes_past_out():
+    metrics = run_interpret(writes_past_the_end)
+    assert metrics["overrun_cases"] == SMALL
+    assert metrics["cases_failed"] == SMALL
+
+
+def test_verify_counts_raising_cases_and_continues():
+    metrics = run_interpret(always_raises, limit=3)
+    assert metrics["cases"] == 3
+    assert metrics["cases_failed"] == metrics["errors"] == 3
+    assert math.isnan(metrics["max_rel_err"])  # nothing measured is not 0.0
+
+
+def test_verify_writes_progress_and_artifacts(tmp_path, monkeypatch):
+    progress = tmp_path / "progress.jsonl"
+    monkeypatch.setenv("RUNNER_PROGRESS", str(progress))
+    monkeypatch.setenv("RUNNER_ARTIFACTS", str(tmp_path / "artifacts"))
+    run_interpret(ignores_tree_mask, limit=4)
+    lines = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert lines[-1] == {"done": 4, "total": 4} and len(lines) == 4
+    per_case = json.loads((tmp_path / "artifacts" / "verify-interpret.json").read_text())
+    assert len(per_case) == 4
+    assert {"case", "max_rel_err", "ok", "error"} <= set(per_case[0])
+    summary = (tmp_path / "artifacts" / "verify-interpret.md").read_text()
+    assert "| cases | 4 |" in summary
+
+
+def test_interpret_profile_refuses_without_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        verify.run(profile="interpret", limit=1)
+
+
+def test_verify_rejects_unknown_profile():
+    with pytest.raises(ValueError, match="profile"):
+        verify.run(profile="nightly")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_full_profile_needs_cuda():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        verify.run(profile="full", attention_fn=correct_attention)
+
+
+def run_verify_subprocess(*extra: str, interpret_env: bool = True) -> dict:
+    """``python -m phases.kernel.verify --profile interpret --json`` (the CLI sets the interpreter
+    itself when ``TRITON_INTERPRET`` is absent)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    if not interpret_env:
+        env.pop("TRITON_INTERPRET")
+    env.pop("RUNNER_ARTIFACTS", None)
+    env.pop("RUNNER_PROGRESS", None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "phases.kernel.verify", "--profile", "interpret", "--json", *extra],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.stdout.strip(), completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@requires_kernel
+@pytest.mark.slow
+def test_kernel_passes_verify_under_the_interpreter():
+    metrics = run_verify_subprocess("--limit", "6")
+    assert metrics["cases"] == 6
+    assert metrics["cases_failed"] == 0, metrics
+    assert metrics["max_rel_err"] <= 1e-2
+
+
+@requires_kernel
+@pytest.mark.slow
+def test_verify_cli_turns_the_interpreter_on_itself():
+    metrics = run_verify_subprocess("--limit", "2", interpret_env=False)
+    assert metrics["cases"] == 2 and metrics["cases_failed"] == 0, metrics
+
+
+@pytest.mark.gpu
+@requires_cuda
+@requires_kernel
+def test_kernel_passes_verify_on_the_gpu_subset():
+    metrics = verify.run(profile="full", limit=24)
+    assert metrics["cases_failed"] == 0, metrics
+
+
+# --- roofline arithmetic ---------------------------------------------------------------------
+
+
+def test_bytes_for_one_request_by_hand():
+    # H=16, T=8, L=65536, D=576, DV=512, bf16:
+    # KV 65536*576*2 = 75_497_472; q 8*16*576*2 = 147_456; out 8*16*512*2 = 131_072
+    assert mla_verify_bytes([65536], [8], num_heads=16) == 75_776_000
+
+
+def test_flops_for_one_request_by_hand():
+    # 2 * T * H * L * (D + DV) = 2 * 8 * 16 * 65536 * 1088 = 18_253_611_008
+    assert mla_verify_flops([65536], [8], num_heads=16) == 18_253_611_008
+
+
+def test_bytes_and_flops_for_a_ragged_batch():
+    # requests (T, L) = (1, 100) and (3, 10), H=2, D=64, DV=32, 2-byte elements
+    # KV 110*64*2 = 14_080; q 4*2*64*2 = 1_024; out 4*2*32*2 = 512
+    assert mla_verify_bytes([100, 10], [1, 3], num_heads=2, head_dim=64, v_head_dim=32) == 15_616
+    # 2*2*96*(1*100 + 3*10) = 49_920
+    assert mla_verify_flops([100, 10], [1, 3], num_heads=2, head_dim=64, v_head_dim=32) == 49_920
+
+
+def test_roofline_time_takes_the_binding_ceiling():
+    ceilings = Ceilings(copy_bw_bytes_per_s=4e12, bf16_flops_per_s=800e12)
+    assert roofline_time(4e12, 8e14, ceilings) == pytest.approx(1.0)  # both exactly 1 s
+    assert roofline_time(8e12, 8e14, ceilings) == pytest.approx(2.0)  # memory-bound
+    assert roofline_time(4e12, 16e14, ceilings) == pytest.approx(2.0)  # compute-bound
+
+
+def test_bound_classes_and_context_labels():
+    assert [benchmark.bound_class(h * t) for h, t in benchmark.BENCH_SHAPES] == [
+        "memory", "mid", "memory", "mid", "compute", "compute", "compute", "compute"
+    ]
+    assert [benchmark.context_label(c) for c in (4096, 65536, 262144, 65537)] == ["4k", "64k", "256k", "65537"]
+
+
+# --- benchmark metrics and the plan's thresholds ---------------------------------------------
+
+
+def synthetic_row(name, kind, context, heads, drafts, time_us, oracle_us=None, frac=0.9):
+    return benchmark.BenchRow(
+        name=name, kind=kind, context=context, num_heads=heads, num_draft=drafts, batch_size=1,
+        total_kv=context, time_us=time_us, call_us=time_us + 30.0, kv_GBps=1.0, tflops=1.0, roofline_us=time_us * frac, frac=frac,
+        bound=benchmark.bound_class(heads * drafts), oracle_us=oracle_us,
+        speedup=None if oracle_us is None else oracle_us / time_us, rel_err=2e-3,
+    )
+
+
+def synthetic_rows():
+    return [
+        synthetic_row("h16_t1_16k", "sweep", 16384, 16, 1, 10.0, oracle_us=90.0, frac=0.5),
+        synthetic_row("h16_t1_64k", "sweep", 65536, 16, 1, 20.0, oracle_us=300.0, frac=0.85),
+        synthetic_row("h16_t8_128k", "sweep", 131072, 16, 8, 40.0, oracle_us=400.0, frac=0.7),
+        synthetic_row("h128_t8_128k", "sweep", 131072, 128, 8, 200.0, oracle_us=8000.0, frac=0.55),
+        synthetic_row("b8_h16_t8", "batch", 131072, 16, 8, 50.0, frac=0.6),
+        synthetic_row("h16_t8_64k_tree", "tree", 65536, 16, 8, 21.0),
+        synthetic_row("h16_t8_64k_causal", "causal", 65536, 16, 8, 20.0),
+        synthetic_row("h16_t1_64k_scattered", "scattered", 65536, 16, 1, 22.0),
+        synthetic_row("h16_t1_64k_contiguous", "contiguous", 65536, 16, 1, 20.0),
+    ]
+
+
+def test_benchmark_summary_metrics():
+    metrics = benchmark.summarize(synthetic_rows(), Ceilings(4.25e12, 690e12))
+    assert metrics["copy_bw_TBps"] == 4.25 and metrics["bf16_TFLOPs"] == 690.0
+    assert metrics["min_frac_memory_64k"] == 0.85
+    assert metrics["min_frac_mid_64k"] == 0.7
+    assert metrics["min_frac_compute_64k"] == 0.55
+    assert metrics["min_frac_memory_16k"] == 0.5
+    assert "min_frac_mid_16k" not in metrics  # no such row ran: absent, never 0.0
+    assert metrics["min_frac_batch8"] == 0.6
+    assert metrics["min_speedup_64k"] == pytest.approx(10.0)
+    assert metrics["tree_mask_overhead"] == pytest.approx(0.05)
+    assert metrics["scattered_overhead"] == pytest.approx(0.10)
+    assert metrics["rows"] == 9
+    assert metrics["frac_h16_t8_128k"] == 0.7 and metrics["us_h16_t8_128k"] == 40.0
+
+
+def test_benchmark_table_lists_every_row():
+    rows = synthetic_rows()
+    table = benchmark.markdown_table(rows, Ceilings(4.25e12, 690e12), {"name": "test GPU", "sm_count": 1})
+    assert "4.250 TB/s" in table and "690.0 TFLOP/s" in table
+    assert all(f"| {row.name} |" in table for row in rows)
+    assert "| n/a | n/a |" in table
+
+
+def fake_time_us(fn, *, warmup_ms, rep_ms):
+    fn()
+    return float(rep_ms)  # kernel rows: 200 us; oracle: 60 us
+
+
+TINY_SPEC = benchmark.BenchSpec(
+    contexts=(1024, 2048), shapes=((2, 1), (4, 8)), batch_contexts=(40, 300, 77),
+    comparison_context=512, oracle_min_context=2048,
+)
+
+
+def test_benchmark_rows_on_cpu_with_a_stand_in_kernel():
+    rows = benchmark.measure_rows(TINY_SPEC, correct_attention, Ceilings(4e12, 700e12), torch.device("cpu"),
+                                  time_fn=fake_time_us)
+    assert [r.name for r in rows] == [
+        "h2_t1_1k", "h4_t8_1k", "h2_t1_2k", "h4_t8_2k", "b3_h16_t8",
+        "h16_t8_512_tree", "h16_t8_512_causal", "h16_t1_512_scattered", "h16_t1_512_contiguous",
+    ]
+    assert [r.oracle_us is None for r in rows[:4]] == [True, True, False, False]
+    assert rows[2].speedup == pytest.approx(0.3)
+    assert max(r.rel_err for r in rows) < 1e-2
+    metrics = benchmark.summarize(rows, Ceilings(4e12, 700e12))
+    assert metrics["tree_mask_overhead"] == 0.0 and metrics["scattered_overhead"] == 0.0
+    assert metrics["min_frac_batch8"] == rows[4].frac
+
+
+def test_benchmark_artifacts(tmp_path):
+    rows = [synthetic_row("h16_t1_64k", "sweep", 65536, 16, 1, 20.0, oracle_us=300.0)]
+    ceilings = Ceilings(4e12, 700e12)
+    metrics = benchmark.summarize(rows, ceilings)
+    table = benchmark.markdown_table(rows, ceilings, {"name": "test GPU"})
+    benchmark.write_artifacts(tmp_path, rows, ceilings, {"name": "test GPU"}, metrics, table)
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["ceilings"] == {"copy_bw_bytes_per_s": 4e12, "bf16_flops_per_s": 700e12}
+    assert saved["rows"][0]["name"] == "h16_t1_64k" and saved["metrics"]["rows"] == 1
+    assert (tmp_path / "bench.md").read_text() == table
+
+
+SMALL_SPEC = benchmark.BenchSpec(contexts=(256,), shapes=((2, 8),), batch_contexts=(20,), comparison_context=64)
+
+
+def test_benchmark_rows_record_a_wrong_kernel():
+    rows = benchmark.measure_rows(SMALL_SPEC, ignores_tree_mask, Ceilings(4e12, 700e12), torch.device("cpu"),
+                                  time_fn=fake_time_us)
+    assert rows[0].rel_err > 1e-2
+
+
+def test_benchmark_checks_the_planned_call_it_times():
+    def prepare_wrong_run(inputs, out):
+        return lambda: ignores_tree_mask(**inputs, out=out)
+
+    rows = benchmark.measure_rows(SMALL_SPEC, correct_attention, Ceilings(4e12, 700e12), torch.device("cpu"),
+                                  time_fn=fake_time_us, prepare_run=prepare_wrong_run)
+    assert rows[0].rel_err > 1e-2
+
+
+interpreting_or_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the kernel needs a GPU or TRITON_INTERPRET=1 set before it is imported",
+)
+
+
+@requires_kernel
+@interpreting_or_gpu
+def test_planned_run_matches_the_one_call_api():
+    from kernel import mla_verify_attention
+    from phases.kernel.cases import build_inputs, interpret_cases
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    case = next(c for c in interpret_cases(0) if c.batch_size > 1 and c.tree)
+    inputs = build_inputs(case, device)
+    one_call = mla_verify_attention(**inputs)
+    out = torch.full_like(one_call, float("nan"))
+    returned = benchmark.planned_run(inputs, out)()
+    assert returned.data_ptr() == out.data_ptr()
+    assert torch.equal(out, one_call)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_benchmark_needs_cuda():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        benchmark.run(contexts=(4096,))
+
+
+# --- build gate aggregation ------------------------------------------------------------------
+
+
+def test_build_aggregates_distinct_configs():
+    def fake_compile_stats(num_heads, max_draft):
+        block_m = 16 if num_heads * max_draft <= 16 else 64
+        return [
+            {"kernel": "split", "config": f"M{block_m}", "n_regs": 128 if block_m == 16 else 255,
+             "n_spills": 0 if block_m == 16 else 48, "shared_bytes": 1000 * block_m},
+            {"kernel": "combine", "config": "R16", "n_regs": 40, "n_spills": 0, "shared_bytes": 0},
+        ]
+
+    stats = build.collect_stats(fake_compile_stats, benchmark.BENCH_SHAPES)
+    assert [(s["kernel"], s["config"]) for s in stats] == [("split", "M16"), ("combine", "R16"), ("split", "M64")]
+    assert build.aggregate(stats) == {"configs": 3, "spills": 48, "max_regs": 255, "max_shared_bytes": 64000}
+    assert "| split | M64 | 255 | 48 | 64000 |" in build.markdown_table(stats)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_build_needs_cuda():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        build.run()
+
+
+@pytest.mark.gpu
+@requires_cuda
+@requires_kernel
+def test_build_gate_on_the_gpu():
+    metrics = build.run()
+    assert metrics["configs"] >= 1 and metrics["max_regs"] > 0
+
+
+# --- the shipped plan ------------------------------------------------------------------------
+
+
+def load_front_matter(path: Path) -> dict:
+    from ruamel.yaml import YAML
+
+    text = path.read_text()
+    assert text.startswith("---\n")
+    front, _, _ = text[4:].partition("\n---\n")
+    return YAML(typ="safe").load(front)
+
+
+def test_plan_kernel_phase_gates_point_at_real_callables_and_metrics():
+    plan = load_front_matter(PLAN_PATH)
+    assert plan["schema"] == 1 and plan["id"] == "mla-verify"
+    assert [phase["id"] for phase in plan["phases"]] == ["kernel", "backend", "cudagraph", "defrag"]
+    assert all(phase["status"] == "pending" for phase in plan["phases"])
+    kernel_phase = plan["phases"][0]
+    assert [gate["name"] for gate in kernel_phase["gates"]] == ["interpret", "build", "verify", "benchmark"]
+    for gate in kernel_phase["gates"]:
+        module_name, _, function_name = gate["call"].partition(":")
+        assert callable(getattr(importlib.import_module(module_name), function_name))
+    bench_gate = kernel_phase["gates"][3]
+    produced = benchmark.summarize(synthetic_rows() + [
+        synthetic_row("h16_t8_16k", "sweep", 16384, 16, 8, 10.0),
+        synthetic_row("h64_t8_16k", "sweep", 16384, 64, 8, 10.0),
+    ], Ceilings(4e12, 700e12))
+    assert set(bench_gate["expect"]) <= set(produced)
+    assert set(kernel_phase["headline"]) <= set(produced)
+    verify_metrics = run_interpret(correct_attention, limit=1)
+    for gate in (kernel_phase["gates"][0], kernel_phase["gates"][2]):
+        assert set(gate["expect"]) <= set(verify_metrics)
+    assert set(kernel_phase["gates"][1]["expect"]) <= set(build.aggregate([]))
+
+
+def test_plan_validates_against_the_runner_schema():
+    planfile = pytest.importorskip("runner.planfile", reason="the runner's plan reader is not written yet")
+    document = planfile.load_plan(PLAN_PATH)
+    assert document.status_section is not None
+    kernel_phase = document.plan.phase("kernel")
+    assert kernel_phase.headline_metrics() == [
+        "min_frac_memory_64k", "min_frac_mid_64k", "min_frac_compute_64k", "min_speedup_64k"
+    ]
+    assert kernel_phase.gate("interpret").env == {"TRITON_INTERPRET": "1"}
+    assert kernel_phase.gate("interpret").requires == []
+    assert all(gate.requires == ["cuda"] for phase in document.plan.phases for gate in phase.gates
+               if gate.name != "interpret")
