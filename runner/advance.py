@@ -1,0 +1,324 @@
+"""``runner advance``: run the next phase's gates (or import their results) and checkpoint it.
+
+The next phase is the first one that is not complete. Its gates run under the repository lock,
+on a tree whose fingerprint is taken before and after; the evidence goes to
+``reports/<plan>/<phase>/<run-id>/``. Then:
+
+* every gate passed and the tree did not change: the phase becomes ``complete`` with its
+  checkpoint record, and one commit (tagged ``<plan>/<phase>``) holds the plan file, the run's
+  report folder and the phase's ``paths``. If the commit fails the plan file gets its previous
+  bytes back.
+* a gate failed or errored, or the tree changed under the gates: ``failed``, no commit.
+* a gate needs a device this machine lacks: ``blocked``, no commit, and a message saying how
+  to finish the phase on another machine.
+
+``--results`` checkpoints results measured elsewhere (``runner gate --out``) after checking that
+they belong to this plan, phase and tree and that every threshold holds. An interrupt (Ctrl-C,
+SIGTERM) during the gates leaves the plan as it was.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner.errors import ExitCode, GitError, ResultsError
+from runner.execute import ProgressFn
+from runner.gate import (
+    ResultFn,
+    Workspace,
+    exit_code_for,
+    finish_elsewhere_hint,
+    interrupt_on_sigterm,
+    probe,
+    run_phase,
+)
+from runner.gitops import CheckpointRepo
+from runner.lock import repo_lock
+from runner.machine import MachineInfo
+from runner.planning import GateStep, next_phase, plan_run
+from runner.report import (
+    TOOL,
+    ReportContext,
+    headline_metrics,
+    iso_time,
+    new_run_id,
+    run_folder,
+    utc_now,
+    write_report,
+)
+from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds
+from runner.rewrite import PhaseUpdate, render_updates, write_atomic
+from runner.schema import Checkpoint, Phase, PhaseStatus
+
+
+@dataclass
+class AdvanceOutcome:
+    """What ``advance`` did; ``messages`` are lines for the user."""
+
+    exit_code: ExitCode
+    phase: str | None = None
+    status: PhaseStatus | None = None
+    report: Path | None = None
+    commit: str | None = None
+    tag: str | None = None
+    messages: list[str] = field(default_factory=list)
+
+
+def advance(
+    ws: Workspace,
+    *,
+    results_path: Path | None = None,
+    dry_run: bool = False,
+    machine: MachineInfo | None = None,
+    on_result: ResultFn | None = None,
+    on_progress: ProgressFn | None = None,
+) -> AdvanceOutcome:
+    """Advance the plan of ``ws`` by one phase (see the module docstring)."""
+    phase = next_phase(ws.plan)
+    if phase is None:
+        return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
+    if dry_run:
+        return _dry_run(ws, phase, results_path, machine)
+    repo = CheckpointRepo(ws.root)
+    repo.check_ready()
+    base = repo.head()
+    if base is None:
+        raise GitError(f"{ws.root} has no commit yet; commit the tree before the runner checkpoints")
+    with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance"):
+        ws = ws.reload()  # the plan as it is now that we hold the lock
+        phase = next_phase(ws.plan)
+        if phase is None:
+            return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
+        try:
+            return _advance_locked(ws, phase, repo, base, results_path, machine, on_result, on_progress)
+        except KeyboardInterrupt:
+            return AdvanceOutcome(
+                ExitCode.INTERRUPTED,
+                phase=phase.id,
+                messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
+            )
+
+
+def _dry_run(ws: Workspace, phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> AdvanceOutcome:
+    lines = [f"plan {ws.plan.id} ({ws.plan_rel}): next phase {phase.id} ({phase.status})"]
+    if results_path is not None:
+        lines.append(f"would check {results_path} against the tree and checkpoint {phase.id}")
+    else:
+        machine = machine or probe()
+        for step in plan_run(phase, frozenset(machine.devices)):
+            what = "run" if step.action == "run" else f"blocked: {step.reason}"
+            lines.append(f"  {step.gate.kind:<9} {step.gate.name}: {what}")
+    lines.append("dry run: nothing was changed")
+    return AdvanceOutcome(ExitCode.OK, phase=phase.id, messages=lines)
+
+
+def _advance_locked(
+    ws: Workspace,
+    phase: Phase,
+    repo: CheckpointRepo,
+    base: str,
+    results_path: Path | None,
+    machine: MachineInfo | None,
+    on_result: ResultFn | None,
+    on_progress: ProgressFn | None,
+) -> AdvanceOutcome:
+    own_files = [results_path] if results_path is not None else []
+    fingerprint = ws.fingerprint(own_files)
+    notes: list[str] = []
+    steps: list[GateStep] = []
+    if results_path is not None:
+        imported = load_matching_results(ws, phase, results_path, fingerprint)
+        gates = _phase_gates(imported, phase.id)
+        machine, run_id, created = imported.machine, imported.run_id, imported.created
+        run_dir = run_folder(ws.root, ws.plan.id, phase.id, run_id)
+        source = f"results imported from {Path(results_path).name} (run {run_id} on {machine.hostname})"
+    else:
+        machine = machine or probe()
+        moment = utc_now()
+        run_id, created = new_run_id(fingerprint, moment), iso_time(moment)
+        run_dir = run_folder(ws.root, ws.plan.id, phase.id, run_id)
+        steps = plan_run(phase, frozenset(machine.devices))
+        gates = run_phase(
+            ws, phase, steps, log_dir=run_dir, report_dir=run_dir, on_result=on_result, on_progress=on_progress
+        )
+        source = "local run"
+    phase_results = PhaseResults(phase=phase.id, gates=gates)
+    outcome = phase_results.outcome
+    if outcome == "PASS":
+        now = ws.fingerprint(own_files)
+        if now != fingerprint:
+            outcome = "FAIL"
+            notes.append(
+                f"Every gate passed, but the tree changed while they ran (fingerprint {fingerprint} "
+                f"at the start, {now} at the end), so nothing was committed. Run advance again on a "
+                "tree that nobody edits meanwhile."
+            )
+    elif outcome == "BLOCKED":
+        notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
+    elif outcome == "SKIPPED":  # no gate ran (cannot happen with a valid plan); not a pass
+        outcome = "FAIL"
+    results = ResultsFile(
+        tool=TOOL,
+        plan_id=ws.plan.id,
+        plan_path=ws.plan_rel,
+        run_id=run_id,
+        created=created,
+        fingerprint=fingerprint,
+        machine=machine,
+        phases=[phase_results],
+    )
+    context = ReportContext(ws.plan, phase, outcome, base=base, source=source, notes=notes)
+    report = write_report(run_dir, results, context)
+    report_rel = report.relative_to(ws.root).as_posix()
+    messages = list(notes)
+    if outcome != "PASS":
+        status: PhaseStatus = "blocked" if outcome == "BLOCKED" else "failed"
+        _write_plan(ws, {phase.id: PhaseUpdate(status)})
+        messages.append(f"{phase.id}: {outcome}; status {status}; report {report_rel}; nothing committed")
+        return AdvanceOutcome(
+            exit_code_for(outcome), phase=phase.id, status=status, report=report, messages=messages
+        )
+    return _checkpoint(ws, phase, repo, base, fingerprint, machine, gates, run_dir, report, messages)
+
+
+def _checkpoint(
+    ws: Workspace,
+    phase: Phase,
+    repo: CheckpointRepo,
+    base: str,
+    fingerprint: str,
+    machine: MachineInfo,
+    gates: list[GateResult],
+    run_dir: Path,
+    report: Path,
+    messages: list[str],
+) -> AdvanceOutcome:
+    tag = f"{ws.plan.id}/{phase.id}"
+    metrics = headline_metrics(phase, gates)
+    checkpoint = Checkpoint(
+        tag=tag,
+        base=base,
+        fingerprint=fingerprint,
+        time=iso_time(utc_now()),
+        report=report.relative_to(ws.root).as_posix(),
+        metrics=metrics,
+    )
+    old_bytes = ws.plan_path.read_bytes()
+    _write_plan(ws, {phase.id: PhaseUpdate("complete", checkpoint)})
+    paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(ws.root, phase.paths)]
+    message = commit_message(ws.plan.id, phase, fingerprint, machine, gates, metrics)
+    try:
+        sha = repo.checkpoint(paths, message, tag, message.split("\n", 1)[0])
+    except BaseException as exc:
+        write_atomic(ws.plan_path, old_bytes.decode("utf-8"))
+        if isinstance(exc, GitError):
+            raise GitError(f"the checkpoint commit failed, so the plan was left as it was: {exc}") from exc
+        raise
+    messages.append(f"{phase.id}: PASS; checkpoint {sha[:12]} tagged {tag}; report {checkpoint.report}")
+    return AdvanceOutcome(
+        ExitCode.OK, phase=phase.id, status="complete", report=report, commit=sha, tag=tag, messages=messages
+    )
+
+
+def commit_message(
+    plan_id: str,
+    phase: Phase,
+    fingerprint: str,
+    machine: MachineInfo,
+    gates: list[GateResult],
+    metrics: dict[str, object],
+) -> str:
+    """``<plan>/<phase>: checkpoint (build PASS, ...)``, headline metrics, then the trailers."""
+    summary = ", ".join(f"{gate.name} {gate.outcome}" for gate in gates)
+    lines = [f"{plan_id}/{phase.id}: checkpoint ({summary})", ""]
+    if metrics:
+        lines += [f"{name}: {_metric_text(value)}" for name, value in metrics.items()]
+        lines.append("")
+    where = machine.gpu_name or "no GPU"
+    lines += [
+        f"Runner-Plan: {plan_id}",
+        f"Runner-Phase: {phase.id}",
+        f"Runner-Fingerprint: {fingerprint}",
+        f"Runner-Machine: {machine.fingerprint} ({where}, {machine.hostname})",
+        f"Runner-Gates: {', '.join(f'{gate.name}={gate.outcome}' for gate in gates)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def load_matching_results(ws: Workspace, phase: Phase, path: Path, fingerprint: str) -> ResultsFile:
+    """Load ``path`` and check it fits: plan, phase, tree, every gate of the phase present,
+    and every threshold of a gate recorded PASS re-checked here. ``ResultsError`` names what
+    differs. Gates recorded FAIL, ERROR, BLOCKED or SKIPPED are accepted as what they are: the
+    phase is then recorded as failed or blocked, and only an all-PASS file checkpoints."""
+    results = ResultsFile.load(Path(path))
+    where = f"{path}:"
+    if results.plan_id != ws.plan.id:
+        raise ResultsError(f"{where} results are for plan {results.plan_id!r}, not {ws.plan.id!r}")
+    held = [phase_results.phase for phase_results in results.phases]
+    if phase.id not in held:
+        raise ResultsError(
+            f"{where} results hold phase(s) {', '.join(held) or 'none'}, not {phase.id!r} "
+            f"(the next phase to advance)"
+        )
+    if results.fingerprint != fingerprint:
+        raise ResultsError(
+            f"{where} results were measured on tree {results.fingerprint}, but this tree is "
+            f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
+        )
+    recorded = {gate.name: gate for gate in _phase_gates(results, phase.id)}
+    problems: list[str] = []
+    for gate in phase.gates:
+        result = recorded.get(gate.name)
+        if result is None:
+            problems.append(f"gate {gate.name!r} is missing")
+            continue
+        if result.outcome != "PASS":
+            continue
+        for check in check_thresholds(gate.expect, result.metrics):
+            if not check.ok:
+                problems.append(f"gate {gate.name!r}: {check.metric} {check.reason} (plan: {check.threshold})")
+    if problems:
+        raise ResultsError(f"{where} refusing to checkpoint {phase.id}: " + "; ".join(problems))
+    return results
+
+
+def _phase_gates(results: ResultsFile, phase_id: str) -> list[GateResult]:
+    for phase_results in results.phases:
+        if phase_results.phase == phase_id:
+            return list(phase_results.gates)
+    return []
+
+
+def _write_plan(ws: Workspace, updates: dict[str, PhaseUpdate]) -> None:
+    text = render_updates(ws.doc, updates)
+    if text != ws.doc.text:
+        write_atomic(ws.plan_path, text)
+
+
+def _existing_paths(root: Path, paths: list[str]) -> list[str]:
+    """The phase's paths that exist in the work tree or are tracked (deleted ones count)."""
+    kept = []
+    for rel in paths:
+        clean = rel.rstrip("/") or rel
+        if (root / clean).exists() or (root / clean).is_symlink() or _tracked(root, clean):
+            kept.append(clean)
+    return kept
+
+
+def _tracked(root: Path, rel: str) -> bool:
+    proc = subprocess.run(
+        ["git", "--literal-pathspecs", "ls-files", "--", rel],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.returncode == 0 and bool(proc.stdout.strip())
+
+
+def _metric_text(value: object) -> str:
+    if isinstance(value, float):
+        return format(value, ".6g")
+    return str(value)

@@ -1,0 +1,47 @@
+"""``runner advance``: run the next phase's gates (or import their results) and checkpoint it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runner.advance import advance as advance_plan
+from runner.cli._common import PLAN_HELP, GateOutput, domain_errors, workspace
+
+
+def advance(
+    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            "--results",
+            help="Checkpoint results written by `runner gate PHASE --out FILE` on another machine "
+            "instead of running the gates here.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the phase and its gate steps; change nothing.")
+    ] = False,
+) -> None:
+    """Run the gates of the first phase that is not complete and checkpoint it when all pass.
+
+    On a pass the plan is updated and one commit (tagged PLAN/PHASE) holds the plan, the run's
+    report folder and the phase's paths. A failure or a blocked gate is recorded in the plan
+    and the report, with no commit.
+    """
+    output = GateOutput()
+    with domain_errors():
+        ws = workspace(plan)
+        with output.running():
+            outcome = advance_plan(
+                ws,
+                results_path=results,
+                dry_run=dry_run,
+                on_result=output.on_result,
+                on_progress=output.on_progress,
+            )
+    for line in outcome.messages:
+        typer.echo(line, err=outcome.exit_code != 0)
+    raise typer.Exit(int(outcome.exit_code))

@@ -1,0 +1,54 @@
+"""``runner gate``: run phases' gates as a read-only check (CI, GPU hosts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runner.cli._common import PLAN_HELP, GateOutput, domain_errors, workspace
+from runner.gate import check_phases, interrupt_on_sigterm
+
+
+def gate(
+    phases: Annotated[
+        list[str] | None, typer.Argument(help="Phase ids whose gates to run.", metavar="[PHASE]...", show_default=False)
+    ] = None,
+    completed: Annotated[
+        bool, typer.Option("--completed", help="Run the gates of every complete phase.")
+    ] = False,
+    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write the results, bound to the tree fingerprint and this machine."),
+    ] = None,
+    logs: Annotated[
+        Path | None,
+        typer.Option("--logs", help="Keep the gate logs in this folder (default: a temporary one)."),
+    ] = None,
+) -> None:
+    """Run the gates of the named phases (or of every complete phase) and report.
+
+    Changes no file except --out and --logs, makes no commit and takes no lock. Works in a
+    copy of the tree without .git (a GPU host).
+    """
+    output = GateOutput()
+    with domain_errors():
+        ws = workspace(plan)
+        with interrupt_on_sigterm(), output.running():
+            check = check_phases(
+                ws,
+                phases or [],
+                completed=completed,
+                out=out,
+                logs=logs,
+                on_result=output.on_result,
+                on_progress=output.on_progress,
+            )
+    for line in check.messages:
+        typer.echo(line, err=check.exit_code != 0)
+    if check.results is not None:
+        summary = ", ".join(f"{phase.phase} {phase.outcome}" for phase in check.results.phases)
+        typer.echo(f"{summary} (fingerprint {check.results.fingerprint})")
+    raise typer.Exit(int(check.exit_code))

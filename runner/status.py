@@ -1,0 +1,108 @@
+"""``runner status``: every phase's status, last checkpoint and headline metrics. Reads only.
+
+The checkpoint commit is resolved from the phase's tag when the root is a git repository (a
+commit cannot name its own hash, so the plan records the tag); elsewhere it is ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from runner.errors import GitError
+from runner.gate import Workspace
+from runner.gitops import CheckpointRepo
+from runner.planning import next_phase
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    tag: str
+    time: str
+    base: str
+    fingerprint: str
+    report: str
+    commit: str | None
+    metrics: dict[str, bool | int | float | str]
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    id: str
+    title: str
+    status: str
+    next: bool
+    gates: list[str]
+    checkpoint: CheckpointView | None
+
+
+@dataclass(frozen=True)
+class StatusView:
+    plan_id: str
+    plan_title: str
+    plan_path: str
+    next_phase: str | None
+    phases: list[PhaseView]
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (``runner status --json``)."""
+        return {
+            "plan": {"id": self.plan_id, "title": self.plan_title, "path": self.plan_path},
+            "next": self.next_phase,
+            "phases": [asdict(phase) for phase in self.phases],
+        }
+
+
+def plan_status(ws: Workspace) -> StatusView:
+    """The status of every phase of the plan in ``ws``."""
+    plan = ws.plan
+    upcoming = next_phase(plan)
+    repo = _repo(ws)
+    phases = []
+    for phase in plan.phases:
+        checkpoint = None
+        if phase.checkpoint is not None:
+            record = phase.checkpoint
+            checkpoint = CheckpointView(
+                tag=record.tag,
+                time=record.time,
+                base=record.base,
+                fingerprint=record.fingerprint,
+                report=record.report,
+                commit=_tag_commit(repo, record.tag),
+                metrics=dict(record.metrics),
+            )
+        phases.append(
+            PhaseView(
+                id=phase.id,
+                title=phase.title,
+                status=phase.status,
+                next=upcoming is not None and phase.id == upcoming.id,
+                gates=[gate.name for gate in phase.gates],
+                checkpoint=checkpoint,
+            )
+        )
+    return StatusView(
+        plan_id=plan.id,
+        plan_title=plan.title,
+        plan_path=ws.plan_rel,
+        next_phase=upcoming.id if upcoming else None,
+        phases=phases,
+    )
+
+
+def _repo(ws: Workspace) -> CheckpointRepo | None:
+    if not (ws.root / ".git").exists():
+        return None
+    try:
+        return CheckpointRepo(ws.root)
+    except GitError:
+        return None
+
+
+def _tag_commit(repo: CheckpointRepo | None, tag: str) -> str | None:
+    if repo is None:
+        return None
+    try:
+        return repo.tag_commit(tag)
+    except GitError:
+        return None
