@@ -38,11 +38,10 @@ def ceilings(device: torch.device) -> tuple[float, float]:
 
 def candidate_configs(rows: int, sms: int) -> list[TileConfig]:
     """Configurations worth timing for ``rows`` = H*T packed rows."""
-    if rows <= 16:
-        return [TileConfig(block_m=16, block_n=64, num_warps=w, num_stages=st, target_programs=sms)
-                for w, st in ((8, 3), (8, 2), (4, 2))]
-    return [TileConfig(block_m=bm, block_n=64, num_warps=8, num_stages=2, target_programs=sms, scratch_p=sp)
-            for bm, sp in ((64, False), (64, True), (32, False))]
+    small = [TileConfig(block_m=16, block_n=bn, num_warps=w, num_stages=st, target_programs=sms)
+             for bn, w, st in ((64, 8, 3), (64, 8, 4), (32, 8, 4), (32, 8, 6), (16, 4, 6))]
+    large = [TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, target_programs=sms)]
+    return small + (large if rows > 16 else [])
 
 
 def graph_ms(fn) -> float:

@@ -9,8 +9,9 @@ same process. Rows are classed by packed rows ``H*T``: memory-bound (<= 64), com
 
 ``time_us`` (and so ``frac``) is the planned call a serving engine makes per layer: when the
 kernel package has ``MLAVerifyWrapper``, ``plan()`` runs once per row outside the timing and
-``run(out=)`` is timed, as FlashInfer's benchmarks do; ``call_us`` is the one-call
-``mla_verify_attention`` including its host-side planning, reported next to it.
+``run(out=)`` is captured in a CUDA graph whose replay is timed (device time, as an engine under
+graph capture pays it); ``call_us`` is the one-call ``mla_verify_attention`` run eagerly,
+including its host-side planning, reported next to it.
 
 Gate: ``call: phases.kernel.benchmark:run``.
 Standalone: ``python -m phases.kernel.benchmark [--quick] [--out DIR]``.
@@ -412,10 +413,13 @@ def write_artifacts(
     (directory / "bench.md").write_text(table)
 
 
-def planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """The serving-engine call: ``MLAVerifyWrapper.plan`` once here, ``run(out=)`` per call.
+def planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], object]:
+    """The serving-engine call: ``MLAVerifyWrapper.plan`` once here, then ``run(out=)`` captured
+    in a CUDA graph and replayed per call, as an engine running under graph capture does.
 
-    Falls back to the one-call ``mla_verify_attention`` when the kernel package has no wrapper.
+    Replay times the device work alone; host launch overhead (tens of microseconds, and noisy
+    on a shared host) would otherwise dominate the short rows. Falls back to the one-call
+    ``mla_verify_attention`` when the kernel package has no wrapper.
     """
     q = inputs["q"]
     try:
@@ -430,7 +434,21 @@ def planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], torch.Tensor]:
         v_head_dim=inputs["v_head_dim"], dtype=q.dtype,
     )
     args = (q, inputs["kv_cache"], inputs["kv_indices"], inputs["tree_mask"], inputs["sm_scale"])
-    return lambda: wrapper.run(*args, out=out)
+    run = lambda: wrapper.run(*args, out=out)  # noqa: E731
+    return _graph_replay(run) if q.is_cuda else run
+
+
+def _graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """Capture ``fn`` (device work only, no host syncs) in a CUDA graph; return its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up compiles and allocates outside the capture
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def _single_case(num_heads: int, num_draft: int, context: int, seed: int) -> Case:

@@ -368,8 +368,7 @@ def test_planned_run_matches_the_one_call_api():
     inputs = build_inputs(case, device)
     one_call = mla_verify_attention(**inputs)
     out = torch.full_like(one_call, float("nan"))
-    returned = benchmark.planned_run(inputs, out)()
-    assert returned.data_ptr() == out.data_ptr()
+    benchmark.planned_run(inputs, out)()  # on a GPU: a CUDA graph replay writing into `out`
     assert torch.equal(out, one_call)
 
 
