@@ -191,11 +191,14 @@ def run_steps(
     env: Mapping[str, str] | None = None,
     report_dir: Path | None = None,
     on_progress: ProgressFn | None = None,
+    keep_going: bool = False,
 ) -> list[GateResult]:
     """Run the planner's steps in order and return one result per step.
 
     A ``blocked`` step becomes a BLOCKED result without a process. After the first FAIL or
-    ERROR every remaining step is SKIPPED. Logs go to ``log_dir/<gate name>.log``;
+    ERROR every remaining step is SKIPPED; with ``keep_going`` the later gates run anyway
+    (to collect all the evidence in one run), except that a benchmark gate is SKIPPED unless
+    every verify gate before it passed: correct before fast. Logs go to ``log_dir/<gate name>.log``;
     ``on_result`` is called with each result as soon as it is known. ``run_gate_fn`` is
     called like ``run_gate`` (tests pass a fake); ``on_progress`` is passed on to it when given.
     """
@@ -205,11 +208,16 @@ def run_steps(
     stopped_by: GateResult | None = None
     used_names: set[str] = set()
     extra: dict[str, Any] = {"on_progress": on_progress} if on_progress is not None else {}
+    unverified: GateResult | None = None  # the first verify gate of this run that did not pass
     for step in steps:
         gate = step.gate
-        if stopped_by is not None:
+        if stopped_by is not None and not keep_going:
             res = _no_process(
                 gate, "SKIPPED", f"not run: gate {stopped_by.name!r} {stopped_by.outcome.lower()}ed"
+            )
+        elif keep_going and gate.kind == "benchmark" and unverified is not None:
+            res = _no_process(
+                gate, "SKIPPED", f"not run: verify gate {unverified.name!r} is {unverified.outcome}, not PASS"
             )
         elif step.action == "blocked":
             res = _no_process(gate, "BLOCKED", step.reason)
@@ -223,9 +231,11 @@ def run_steps(
                 **extra,
             )
             if res.outcome in ("FAIL", "ERROR"):
-                stopped_by = res
+                stopped_by = stopped_by or res
         else:
             raise ValueError(f"step for gate {gate.name!r} has unknown action {step.action!r}")
+        if gate.kind == "verify" and res.outcome != "PASS" and unverified is None:
+            unverified = res
         results.append(res)
         if on_result is not None:
             on_result(res)

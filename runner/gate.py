@@ -115,8 +115,10 @@ def run_phase(
     report_dir: Path,
     on_result: ResultFn | None = None,
     on_progress: ProgressFn | None = None,
+    keep_going: bool = False,
 ) -> list[GateResult]:
-    """Run ``steps`` of ``phase`` in order (stopping at the first failure); logs in ``log_dir``."""
+    """Run ``steps`` of ``phase`` in order (stopping at the first failure unless ``keep_going``);
+    logs in ``log_dir``."""
     return run_steps(
         steps,
         repo_root=ws.root,
@@ -124,6 +126,7 @@ def run_phase(
         report_dir=report_dir,
         on_result=(lambda result: on_result(phase.id, result)) if on_result else None,
         on_progress=on_progress,
+        keep_going=keep_going,
     )
 
 
@@ -200,6 +203,7 @@ def check_phases(
     machine: MachineInfo | None = None,
     on_result: ResultFn | None = None,
     on_progress: ProgressFn | None = None,
+    keep_going: bool = False,
 ) -> GateCheck:
     """Run the gates of the selected phases; write ``out`` when given. Changes nothing else."""
     phases = select_phases(ws.plan, phase_ids, completed)
@@ -224,6 +228,7 @@ def check_phases(
                 report_dir=log_root,
                 on_result=on_result,
                 on_progress=on_progress,
+                keep_going=keep_going,
             )
             results = PhaseResults(phase=phase.id, gates=gates)
             phase_results.append(results)

@@ -27,6 +27,14 @@ def gate(
         Path | None,
         typer.Option("--logs", help="Keep the gate logs in this folder (default: a temporary one)."),
     ] = None,
+    keep_going: Annotated[
+        bool,
+        typer.Option(
+            "--keep-going",
+            help="Run every gate even after one fails, to collect all the evidence in one run "
+            "(a benchmark gate still needs every verify gate before it to pass).",
+        ),
+    ] = False,
 ) -> None:
     """Run the gates of the named phases (or of every complete phase) and report.
 
@@ -45,6 +53,7 @@ def gate(
                 logs=logs,
                 on_result=output.on_result,
                 on_progress=output.on_progress,
+                keep_going=keep_going,
             )
     for line in check.messages:
         typer.echo(line, err=check.exit_code != 0)

@@ -347,6 +347,22 @@ def test_run_steps_error_stops_too(tmp_path):
     assert [r.outcome for r in results] == ["ERROR", "SKIPPED"]
 
 
+def test_run_steps_keep_going_runs_past_failures_but_not_unverified_benchmarks(tmp_path):
+    steps = [
+        Step(make_gate("build", "build", run="x")),
+        Step(make_gate("verify", "verify", run="x")),
+        Step(make_gate("bench", "benchmark", run="x")),
+    ]
+    fake = FakeRunner({"build": "FAIL"})
+    results = run_steps(steps, repo_root=tmp_path, log_dir=tmp_path, run_gate_fn=fake, keep_going=True)
+    assert [(r.name, r.outcome) for r in results] == [("build", "FAIL"), ("verify", "PASS"), ("bench", "PASS")]
+    fake = FakeRunner({"verify": "FAIL"})
+    results = run_steps(steps, repo_root=tmp_path, log_dir=tmp_path, run_gate_fn=fake, keep_going=True)
+    assert [(r.name, r.outcome) for r in results] == [("build", "PASS"), ("verify", "FAIL"), ("bench", "SKIPPED")]
+    assert "verify gate 'verify' is FAIL" in results[2].reason
+    assert [name for name, _ in fake.calls] == ["build", "verify"]
+
+
 def test_run_steps_rejects_unknown_action(tmp_path):
     with pytest.raises(ValueError, match="unknown action"):
         run_steps([Step(make_gate(run="x"), action="maybe")], repo_root=tmp_path,
