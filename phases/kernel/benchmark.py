@@ -448,7 +448,14 @@ def _graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay() -> None:
+        graph.replay()
+
+    # The graph reads the buffers ``fn`` closes over (the wrapper's plan tensors and
+    # workspace): they must live as long as the graph, or their memory is reused under it.
+    replay.captured = fn
+    return replay
 
 
 def _single_case(num_heads: int, num_draft: int, context: int, seed: int) -> Case:
