@@ -91,14 +91,53 @@ def make_case(h: int, t: int, context: int, device, seed: int = 0, scattered: bo
     )
 
 
+def fixed_cost_study(dev: torch.device, contexts=(4096, 16384, 65536, 131072)) -> None:
+    """Where the fixed per-call cost goes at (16,1): L2 flush by zeroing (dirty lines, as
+    ``do_bench`` does) vs by reading, and the split kernel with and without the combine."""
+    scratch = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=dev)
+    sink = torch.empty((), dtype=torch.int64, device=dev)
+
+    def timed(fn, flush) -> float:
+        start = [torch.cuda.Event(enable_timing=True) for _ in range(50)]
+        end = [torch.cuda.Event(enable_timing=True) for _ in range(50)]
+        for _ in range(5):
+            fn()
+        for i in range(50):
+            flush()
+            start[i].record()
+            fn()
+            end[i].record()
+        torch.cuda.synchronize()
+        return sorted(s.elapsed_time(e) for s, e in zip(start, end))[25] * 1e3
+
+    flushes = {"zero": lambda: scratch.zero_(), "read": lambda: torch.sum(scratch, dim=0, out=sink)}
+    for context in contexts:
+        case = make_case(16, 1, context, dev)
+        out = torch.empty(1, 16, 512, device=dev, dtype=torch.bfloat16)
+        wrapper = MLAVerifyWrapper(dev)
+        plan = wrapper.plan(case["qo_indptr"], case["kv_indptr"], 16, 576, 512)
+        run_args = {k: case[k] for k in ("q", "kv_cache", "kv_indices", "tree_mask", "sm_scale")}
+        full = lambda: wrapper.run(**run_args, out=out)
+        split = lambda: run_plan(plan, wrapper._tensors, case["q"], case["kv_cache"], case["qo_indptr"],
+                                 case["kv_indptr"], case["kv_indices"], case["tree_mask"], case["sm_scale"],
+                                 out, wrapper._workspace, combine=False)
+        row = {f"{name}-{flush}": timed(fn, flushes[flush]) for name, fn in (("full", full), ("split", split))
+               for flush in flushes}
+        print(f"fixed-cost (16,1) {context:>7}: " + "  ".join(f"{k} {v:6.1f} us" for k, v in row.items()), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="65536,131072")
     ap.add_argument("--shapes", default="16x1,128x1,8x8,16x8,64x8,128x8,16x32,64x32")
     ap.add_argument("--out", default=None)
     ap.add_argument("--all-configs", action="store_true", help="time every candidate, not just the default")
+    ap.add_argument("--fixed-cost", action="store_true", help="only the (16,1) fixed-cost study")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.fixed_cost:
+        fixed_cost_study(dev)
+        return
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     bw, peak = ceilings(dev)
     print(f"copy {bw / 1e12:.2f} TB/s  bf16 {peak / 1e12:.0f} TFLOP/s  SMs {sms}", flush=True)
