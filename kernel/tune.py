@@ -62,7 +62,7 @@ def split_only_ms(case: dict, cfg: TileConfig | None, out: torch.Tensor) -> tupl
     q, kv = case["q"], case["kv_cache"]
     plan = make_plan(case["qo_indptr"], case["kv_indptr"], q.shape[1], 576, 512, q.device, cfg)
     tensors = plan.to_device(q.device)
-    ws = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, q.device, q.dtype)
+    ws = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, q.device)
     args = (plan, tensors, q, kv, case["qo_indptr"], case["kv_indptr"], case["kv_indices"], case["tree_mask"],
             case["sm_scale"], out, ws)
     compiled = run_plan(*args, combine=False)

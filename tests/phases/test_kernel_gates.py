@@ -495,7 +495,8 @@ def test_plan_kernel_phase_gates_point_at_real_callables_and_metrics():
     plan = load_front_matter(PLAN_PATH)
     assert plan["schema"] == 1 and plan["id"] == "mla-verify"
     assert [phase["id"] for phase in plan["phases"]] == ["kernel", "backend", "cudagraph", "defrag"]
-    assert all(phase["status"] == "pending" for phase in plan["phases"])
+    # Statuses are the runner's to write; the later phases cannot have moved before the kernel.
+    assert all(phase["status"] == "pending" for phase in plan["phases"][1:])
     kernel_phase = plan["phases"][0]
     assert [gate["name"] for gate in kernel_phase["gates"]] == ["interpret", "build", "verify", "benchmark"]
     for gate in kernel_phase["gates"]:
