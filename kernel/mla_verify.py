@@ -43,25 +43,42 @@ def _num_sms(device: torch.device) -> int:
 
 @dataclass
 class Workspace:
-    """Split partials: fp32 ``partial_o`` [max_work, BLOCK_M, BLOCK_DV] and ``partial_lse`` [max_work, BLOCK_M]."""
+    """Device scratch of the split kernel.
+
+    partial_o: fp32 [max_work, BLOCK_M, BLOCK_DV] and partial_lse: fp32 [max_work, BLOCK_M]
+    (split partials); p_scratch: [max_programs, BLOCK_M * BLOCK_N] and alpha_scratch: fp32
+    [max_programs, BLOCK_M] (per-program P staging, only with ``TileConfig.scratch_p``).
+    """
 
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
+    p_scratch: torch.Tensor
+    alpha_scratch: torch.Tensor
 
     @staticmethod
-    def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device) -> "Workspace":
+    def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> "Workspace":
+        programs = max_work * config.dv_splits if config.scratch_p else 1
         return Workspace(
             torch.empty((max_work, config.block_m, dims.block_dv), dtype=torch.float32, device=device),
             torch.empty((max_work, config.block_m), dtype=torch.float32, device=device),
+            torch.empty((programs, config.block_m * config.block_n), dtype=dtype, device=device),
+            torch.empty((programs, config.block_m), dtype=torch.float32, device=device),
         )
 
-    def fits(self, plan: MLAVerifyPlan) -> bool:
-        """Whether this workspace can hold ``plan``'s split partials (trivially, if it has none)."""
-        return not plan.needs_combine or (
+    def fits(self, plan: MLAVerifyPlan, dtype: torch.dtype = torch.bfloat16) -> bool:
+        """Whether this workspace can hold ``plan``'s split partials and P staging."""
+        cfg = plan.config
+        partials_ok = not plan.needs_combine or (
             self.partial_o.shape[0] >= plan.num_work
-            and self.partial_o.shape[1] == plan.config.block_m
+            and self.partial_o.shape[1] == cfg.block_m
             and self.partial_o.shape[2] == plan.dims.block_dv
         )
+        scratch_ok = not cfg.scratch_p or (
+            self.p_scratch.shape[0] >= plan.num_work * cfg.dv_splits
+            and self.p_scratch.shape[1] == cfg.block_m * cfg.block_n
+            and self.p_scratch.dtype == dtype
+        )
+        return partials_ok and scratch_ok
 
 
 def make_plan(
@@ -111,19 +128,22 @@ def run_plan(
     cfg, dims = plan.config, plan.dims
     if plan.num_work == 0:
         return None
-    assert workspace.fits(plan), "workspace smaller than the plan"
+    assert workspace.fits(plan, q.dtype), "workspace smaller than the plan"
     upcast = interpreting()
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)  # any pointer when causal
-    compiled = _mla_verify_split_kernel[(plan.num_work,)](
+    dv_splits = cfg.dv_splits
+    assert dims.block_dv % dv_splits == 0 and dims.block_dv // dv_splits >= 16
+    compiled = _mla_verify_split_kernel[(plan.num_work, dv_splits)](
         q, kv, kv_indices, mask_arg, out, workspace.partial_o, workspace.partial_lse,
+        workspace.p_scratch, workspace.alpha_scratch,
         qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
-        D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim, BLOCK_DV=dims.block_dv,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=upcast,
+        D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
+        BLOCK_DV=dims.block_dv // dv_splits, DV_SPLITS=dv_splits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=upcast, KEYS_AS_M=cfg.keys_as_m, SCRATCH_P=cfg.scratch_p,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if plan.needs_combine and combine:
@@ -179,8 +199,8 @@ class MLAVerifyWrapper:
         self._tensors = plan.to_device(self.device)
         self._indptr = (qo_indptr, kv_indptr)
         self._dtype = dtype
-        if self._workspace is None or not self._workspace.fits(plan):
-            self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device)
+        if self._workspace is None or not self._workspace.fits(plan, dtype):
+            self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device, dtype)
         return plan
 
     def run(
@@ -274,7 +294,7 @@ def compile_stats(
     for name, tree in (("tree", mask), ("causal", None)):
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, device)
         out = torch.empty((t, num_heads, v_head_dim), dtype=dtype, device=device)
-        workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, device)
+        workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, device, dtype)
         compiled = run_plan(plan, plan.to_device(device), q, kv, qo_indptr, kv_indptr, kv_indices, tree, 1.0 / math.sqrt(head_dim), out, workspace)
         stats.append(
             {
