@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, default_tile_config, plan_work
+from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, default_tile_config, max_work_items, plan_work
 from kernel.triton_kernels import _mla_verify_combine_kernel, _mla_verify_split_kernel
 from kernel.validation import check_dims, check_inputs, check_lengths, kv_rows
 
@@ -43,11 +43,12 @@ def _num_sms(device: torch.device) -> int:
 
 @dataclass
 class Workspace:
-    """Device scratch of the split kernel.
+    """Device scratch of the split kernel, flat so one allocation serves every tile configuration.
 
-    partial_o: fp32 [max_work, BLOCK_M, BLOCK_DV] and partial_lse: fp32 [max_work, BLOCK_M]
-    (split partials); p_scratch: [max_programs, BLOCK_M * BLOCK_N] and alpha_scratch: fp32
-    [max_programs, BLOCK_M] (per-program P staging, only with ``TileConfig.scratch_p``).
+    partial_o: fp32 [capacity * BLOCK_M * BLOCK_DV elements] and partial_lse: fp32
+    [capacity * BLOCK_M] (split partials, read as [num_work, BLOCK_M, BLOCK_DV] and
+    [num_work, BLOCK_M]); p_scratch: q's dtype and alpha_scratch: fp32, per-program P staging,
+    used only with ``TileConfig.scratch_p``.
     """
 
     partial_o: torch.Tensor
@@ -57,25 +58,26 @@ class Workspace:
 
     @staticmethod
     def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> "Workspace":
+        """Room for ``max_work`` work items of ``config`` (see ``max_work_items`` for a bound)."""
         programs = max_work * config.dv_splits if config.scratch_p else 1
         return Workspace(
-            torch.empty((max_work, config.block_m, dims.block_dv), dtype=torch.float32, device=device),
-            torch.empty((max_work, config.block_m), dtype=torch.float32, device=device),
-            torch.empty((programs, config.block_m * config.block_n), dtype=dtype, device=device),
-            torch.empty((programs, config.block_m), dtype=torch.float32, device=device),
+            torch.empty(max_work * config.block_m * dims.block_dv, dtype=torch.float32, device=device),
+            torch.empty(max_work * config.block_m, dtype=torch.float32, device=device),
+            torch.empty(programs * config.block_m * config.block_n, dtype=dtype, device=device),
+            torch.empty(programs * config.block_m, dtype=torch.float32, device=device),
         )
 
     def fits(self, plan: MLAVerifyPlan, dtype: torch.dtype = torch.bfloat16) -> bool:
         """Whether this workspace can hold ``plan``'s split partials and P staging."""
         cfg = plan.config
         partials_ok = not plan.needs_combine or (
-            self.partial_o.shape[0] >= plan.num_work
-            and self.partial_o.shape[1] == cfg.block_m
-            and self.partial_o.shape[2] == plan.dims.block_dv
+            self.partial_o.numel() >= plan.num_work * cfg.block_m * plan.dims.block_dv
+            and self.partial_lse.numel() >= plan.num_work * cfg.block_m
         )
+        programs = plan.num_work * cfg.dv_splits
         scratch_ok = not cfg.scratch_p or (
-            self.p_scratch.shape[0] >= plan.num_work * cfg.dv_splits
-            and self.p_scratch.shape[1] == cfg.block_m * cfg.block_n
+            self.p_scratch.numel() >= programs * cfg.block_m * cfg.block_n
+            and self.alpha_scratch.numel() >= programs * cfg.block_m
             and self.p_scratch.dtype == dtype
         )
         return partials_ok and scratch_ok
@@ -175,13 +177,32 @@ class MLAVerifyWrapper:
             wrapper.run(q[layer], kv_cache[layer], kv_indices, tree_mask, out=out[layer])
     """
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, workspace: Workspace | None = None) -> None:
+        """``workspace``: caller-owned scratch (e.g. from ``allocate_workspace``) that ``plan``
+        must use and never replace, as CUDA graph capture needs; None lets ``plan`` allocate."""
         self.device = torch.device(device)
         self._plan: MLAVerifyPlan | None = None
         self._tensors: dict[str, torch.Tensor] = {}
-        self._workspace: Workspace | None = None
+        self._workspace = workspace
+        self._owns_workspace = workspace is None
         self._indptr: tuple[torch.Tensor, torch.Tensor] | None = None
         self._dtype = torch.bfloat16
+
+    def allocate_workspace(
+        self, max_batch: int, max_draft: int, num_heads: int, head_dim: int = 576, v_head_dim: int = 512
+    ) -> Workspace:
+        """A workspace that fits every batch of up to ``max_batch`` requests with up to
+        ``max_draft`` draft tokens each (any context lengths), for the default tile configurations."""
+        dims = HeadDims.of(head_dim, v_head_dim)
+        sms, interp = _num_sms(self.device), interpreting()
+        configs = {default_tile_config(t * num_heads, dims, sms, interp) for t in range(1, max_draft + 1)}
+        rows = max(max_work_items(max_batch, max_draft, num_heads, c) * c.block_m for c in configs)
+        return Workspace(
+            torch.empty(rows * dims.block_dv, dtype=torch.float32, device=self.device),
+            torch.empty(rows, dtype=torch.float32, device=self.device),
+            torch.empty(1, dtype=torch.bfloat16, device=self.device),  # P staging: unused by the defaults
+            torch.empty(1, dtype=torch.float32, device=self.device),
+        )
 
     def plan(
         self,
@@ -200,6 +221,11 @@ class MLAVerifyWrapper:
         self._indptr = (qo_indptr, kv_indptr)
         self._dtype = dtype
         if self._workspace is None or not self._workspace.fits(plan, dtype):
+            if not self._owns_workspace:
+                raise ValueError(
+                    f"Expected a workspace with room for {plan.num_work} work items of {plan.config.describe()}, "
+                    f"got one of {self._workspace.partial_o.numel()} partial elements; size it with allocate_workspace()"
+                )
             self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device, dtype)
         return plan
 

@@ -151,6 +151,15 @@ class MLAVerifyPlan:
         return views
 
 
+def max_work_items(batch: int, max_draft: int, num_heads: int, config: TileConfig) -> int:
+    """Upper bound on ``plan_work``'s work items for ``batch`` requests of up to ``max_draft`` drafts.
+
+    With chunk >= sum_b(mblocks_b * L_b) / target_programs, sum_b mblocks_b * ceil(L_b / chunk)
+    <= target_programs + sum_b mblocks_b, whatever the context lengths.
+    """
+    return config.target_programs + batch * math.ceil(max_draft * num_heads / config.block_m)
+
+
 def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: HeadDims, config: TileConfig) -> MLAVerifyPlan:
     """Split every request's KV range into chunks so about ``config.target_programs`` programs run.
 

@@ -122,6 +122,27 @@ def test_kv_cache_with_page_dim_and_deterministic():
     assert torch.equal(first, second)
 
 
+def test_caller_owned_workspace_serves_every_batch_up_to_its_bound():
+    """A workspace sized once by allocate_workspace is used as is (never replaced) for ragged
+    batches up to its bounds, and a batch past them is refused instead of reallocated."""
+    from kernel import MLAVerifyWrapper
+
+    probe = MLAVerifyWrapper(DEVICE)
+    workspace = probe.allocate_workspace(max_batch=3, max_draft=5, num_heads=3, head_dim=64, v_head_dim=32)
+    wrapper = MLAVerifyWrapper(DEVICE, workspace=workspace)
+    for seed, (drafts, lengths) in enumerate([([5, 1, 2], [90, 7, 150]), ([1], [1]), ([3, 5], [300, 40])]):
+        inp = make_inputs(drafts, lengths, 3, 64, torch.bfloat16, tree=True, scattered=True, seed=seed)
+        wrapper.plan(inp["qo_indptr"], inp["kv_indptr"], num_heads=3, head_dim=64, v_head_dim=32)
+        assert wrapper._workspace is workspace
+        out = wrapper.run(inp["q"], inp["kv"], inp["kv_indices"], inp["tree_mask"])
+        ref = reference(inp["q"], inp["kv"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["masks"], 1 / 8, 32)
+        assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+    too_many = make_inputs([5] * 4, [500, 10, 10, 10], 3, 64, torch.bfloat16, tree=True, scattered=True, seed=9)
+    with pytest.raises(ValueError, match="Expected a workspace"):
+        small = MLAVerifyWrapper(DEVICE, workspace=probe.allocate_workspace(1, 1, 3, 64, 32))
+        small.plan(too_many["qo_indptr"], too_many["kv_indptr"], num_heads=3, head_dim=64, v_head_dim=32)
+
+
 def test_tree_mask_is_applied():
     """A wrong mask (all drafts visible) must change the answer: the mask is really read."""
     inp = make_inputs([4], [12], 2, 64, torch.bfloat16, tree=True, scattered=True, seed=5)
