@@ -36,6 +36,7 @@ from runner.gate import (
 )
 from runner.gitops import CheckpointRepo
 from runner.lock import repo_lock
+from runner.preflight import check_calls
 from runner.machine import MachineInfo
 from runner.planning import GateStep, next_phase, plan_run
 from runner.report import (
@@ -74,23 +75,30 @@ def advance(
     machine: MachineInfo | None = None,
     on_result: ResultFn | None = None,
     on_progress: ProgressFn | None = None,
+    wait_s: float | None = None,
 ) -> AdvanceOutcome:
-    """Advance the plan of ``ws`` by one phase (see the module docstring)."""
+    """Advance the plan of ``ws`` by one phase (see the module docstring).
+
+    ``wait_s``: when another runner holds the repository lock, wait up to that many seconds
+    for it (``math.inf``: no limit) instead of refusing at once.
+    """
     phase = next_phase(ws.plan)
     if phase is None:
         return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
+    if results_path is None:
+        check_calls(ws.doc, phase, ws.root)
     if dry_run:
         return _dry_run(ws, phase, results_path, machine)
     repo = CheckpointRepo(ws.root)
-    repo.check_ready()
-    base = repo.head()
-    if base is None:
-        raise GitError(f"{ws.root} has no commit yet; commit the tree before the runner checkpoints")
-    with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance"):
-        ws = ws.reload()  # the plan as it is now that we hold the lock
+    _check_repo(repo, ws.root)
+    with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance", wait_s=wait_s):
+        ws = ws.reload()  # the plan, HEAD and git state as they are now that we hold the lock
         phase = next_phase(ws.plan)
         if phase is None:
             return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
+        if results_path is None:
+            check_calls(ws.doc, phase, ws.root)
+        base = _check_repo(repo, ws.root)
         try:
             return _advance_locked(ws, phase, repo, base, results_path, machine, on_result, on_progress)
         except KeyboardInterrupt:
@@ -99,6 +107,47 @@ def advance(
                 phase=phase.id,
                 messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
             )
+
+
+def _interrupted_gates(steps: list[GateStep], finished: list[GateResult]) -> list[GateResult]:
+    """The gates that finished as they are, the one that was running ERROR, the rest SKIPPED."""
+    gates = list(finished)
+    for index, step in enumerate(steps[len(finished) :]):
+        running = index == 0 and step.action == "run"
+        reason = (
+            "interrupted (SIGINT or SIGTERM) while it ran; its process group was ended, its log kept"
+            if running else "not run: the run was interrupted"
+        )
+        gates.append(
+            GateResult(
+                name=step.gate.name, kind=step.gate.kind, outcome="ERROR" if running else "SKIPPED",
+                reason=reason, metrics={}, checks=[], started=iso_time(utc_now()), duration_s=0.0,
+                exit_code=None, signal=None, log=None, log_tail="",
+            )
+        )
+    return gates
+
+
+def _write_interrupted_report(
+    ws: Workspace, phase: Phase, base: str, results: ResultsFile, run_dir: Path
+) -> None:
+    """Best effort, so that an interrupted run leaves its evidence: a failure here (or a
+    second interrupt) leaves the logs the gates already wrote."""
+    note = "Interrupted (SIGINT or SIGTERM): the plan was not changed and nothing was committed."
+    context = ReportContext(ws.plan, phase, "INTERRUPTED", base=base, source="local run", notes=[note])
+    try:
+        write_report(run_dir, results, context)
+    except Exception:  # noqa: BLE001 - the interrupt is what the user must see, not this
+        pass
+
+
+def _check_repo(repo: CheckpointRepo, root: Path) -> str:
+    """``HEAD``, after checking a checkpoint can be made (``GitError`` otherwise)."""
+    repo.check_ready()
+    base = repo.head()
+    if base is None:
+        raise GitError(f"{root} has no commit yet; commit the tree before the runner checkpoints")
+    return base
 
 
 def _dry_run(ws: Workspace, phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> AdvanceOutcome:
@@ -140,9 +189,24 @@ def _advance_locked(
         run_id, created = new_run_id(fingerprint, moment), iso_time(moment)
         run_dir = run_folder(ws.root, ws.plan.id, phase.id, run_id)
         steps = plan_run(phase, frozenset(machine.devices))
-        gates = run_phase(
-            ws, phase, steps, log_dir=run_dir, report_dir=run_dir, on_result=on_result, on_progress=on_progress
-        )
+        finished: list[GateResult] = []
+
+        def record(phase_id: str, result: GateResult) -> None:
+            finished.append(result)
+            if on_result is not None:
+                on_result(phase_id, result)
+
+        try:
+            gates = run_phase(ws, phase, steps, log_dir=run_dir, report_dir=run_dir, on_result=record,
+                              on_progress=on_progress)
+        except KeyboardInterrupt:
+            interrupted = ResultsFile(
+                tool=TOOL, plan_id=ws.plan.id, plan_path=ws.plan_rel, run_id=run_id, created=created,
+                fingerprint=fingerprint, machine=machine,
+                phases=[PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))],
+            )
+            _write_interrupted_report(ws, phase, base, interrupted, run_dir)
+            raise
         source = "local run"
     phase_results = PhaseResults(phase=phase.id, gates=gates)
     outcome = phase_results.outcome

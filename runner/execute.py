@@ -1,11 +1,17 @@
 """Run gates as isolated processes and turn what they did into ``GateResult`` records.
 
 Each gate runs in its own session and process group, with stdin from ``/dev/null`` and
-stdout and stderr written straight to its log file (no pipes that can fill up). On a timeout
+stdout and stderr going through one pipe that a thread drains into its log file
+(``runner.gatelog``: the log keeps the first and the last MiB of the output, so a gate that
+prints gigabytes cannot fill the disk). On a timeout
 or an interrupt the whole group gets SIGTERM, then SIGKILL after a grace period; when the
 gate's main process exits on its own, members of its group that are still running (a
 forgotten ``sleep 1000 &``) are ended the same way. A process that starts a new session of
-its own leaves the group and is out of reach.
+its own (``setsid`` after a double fork) leaves the group and is out of reach: it keeps
+running, and the runner stops reading its output once the gate is over.
+
+A gate killed by SIGKILL that the runner did not send is reported as ``killed by SIGKILL (out
+of memory?)``: the kernel's out-of-memory killer is the usual sender.
 
 The gate's ``PYTHONPATH`` starts with the repository root (so ``phases``, ``kernel`` and
 ``runner`` import), followed by the folder this ``runner`` package was loaded from when that
@@ -39,6 +45,7 @@ from typing import Any, Protocol
 
 import runner
 from runner import callgate
+from runner.gatelog import HEAD_BYTES, CappedLog, OutputPump
 from runner.results import GateResult, MetricCheck, check_thresholds
 
 LOG_TAIL_LINES = 60
@@ -147,34 +154,48 @@ def run_gate(
         child_env = _child_env(gate, repo_root, env, files)
         timeout = _timeout_of(gate)
 
-        with open(log_path, "ab", buffering=0) as log:
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=repo_root,
-                    env=child_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                return result("ERROR", f"could not start the gate: {exc}")
-            timed_out = False
-            try:
-                _wait(proc, timeout, gate.name, t0, files["progress"], on_progress)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _end_group(proc, grace_s)
-                _note(log, f"timed out after {timeout:g} s; its process group was ended")
-            except BaseException:
-                _end_group(proc, grace_s)
-                raise
-            else:
-                leftover = _end_group(proc, grace_s)
-                if leftover:
-                    _note(log, f"ended {leftover} process(es) the gate left running")
-            artifacts = _read_artifacts(files["artifacts"], log)
+        log = CappedLog(log_path)
+        read_fd, write_fd = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=repo_root,
+                env=child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(read_fd)
+            log.close()
+            return result("ERROR", f"could not start the gate: {exc}")
+        finally:
+            os.close(write_fd)
+        pump = OutputPump(read_fd, log).start()
+        timed_out = False
+        try:
+            _wait(proc, timeout, gate.name, t0, files["progress"], on_progress)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _end_group(proc, grace_s)
+            pump.stop()
+            _note(log, f"timed out after {timeout:g} s; its process group was ended")
+        except BaseException:
+            _end_group(proc, grace_s)
+            pump.stop()
+            _note(log, "interrupted; the gate's process group was ended")
+            log.close()
+            raise
+        else:
+            leftover = _end_group(proc, grace_s)
+            pump.stop()
+            if leftover:
+                _note(log, f"ended {leftover} process(es) the gate left running")
+        artifacts = _read_artifacts(files["artifacts"], log)
+        if log.elided:
+            _note(log, f"the log keeps the first and last {HEAD_BYTES >> 20} MiB of the output")
+        log.close()
 
         return _judge(gate, proc.returncode, timed_out, timeout, files, result, artifacts)
     finally:
@@ -437,7 +458,7 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _note(log, text: str) -> None:
+def _note(log: CappedLog, text: str) -> None:
     log.write(f"\n[runner] {text}\n".encode())
 
 
@@ -474,7 +495,7 @@ def _judge(
     if status is not None and status[0] in (callgate.STATUS_RAISED, callgate.STATUS_BAD_RETURN):
         return result("FAIL", status[1], **fields)
     if sig_name is not None:
-        return result("FAIL", f"killed by {sig_name}", **fields)
+        return result("FAIL", f"killed by {_maybe_oom(sig_name)}", **fields)
     if returncode != 0:
         return result("FAIL", _exit_reason(gate, returncode), **fields)
     if metrics_problem is not None:
@@ -526,8 +547,14 @@ def _exit_reason(gate: GateLike, returncode: int) -> str:
     if getattr(gate, "run", None) and returncode > 128:
         name = _signal_name(returncode - 128)
         if name is not None:
-            reason += f" (the shell reports a command killed by {name})"
+            reason += f" (the shell reports a command killed by {_maybe_oom(name)})"
     return reason
+
+
+def _maybe_oom(sig_name: str) -> str:
+    """``SIGKILL (out of memory?)`` for SIGKILL: the runner only sends it after a timeout or
+    an interrupt (handled before), so the kernel's OOM killer is the likely sender."""
+    return f"{sig_name} (out of memory?)" if sig_name == "SIGKILL" else sig_name
 
 
 def _signal_name(number: int) -> str | None:

@@ -9,11 +9,15 @@ empty or unreadable and older than ``STALE_UNREADABLE_S``, is taken over: under 
 ``.takeover`` guard file the lock is re-read (it must be unchanged), the new content is written
 to a temporary file and renamed over it, and it is read back to confirm it is ours. A lock
 naming another host is never taken over (its pid cannot be checked from here).
+
+With ``wait_s`` a runner that finds the lock held polls every ``POLL_S`` until it gets the lock
+or the time is up (``math.inf``: no limit; an interrupt still ends the wait).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -26,6 +30,7 @@ from pathlib import Path
 from runner.errors import LockHeldError
 
 STALE_UNREADABLE_S = 5.0
+POLL_S = 0.2
 
 
 def lock_path(root: Path) -> Path:
@@ -36,25 +41,43 @@ def lock_path(root: Path) -> Path:
 
 
 @contextmanager
-def repo_lock(root: Path, command: str) -> Iterator[Path]:
+def repo_lock(root: Path, command: str, *, wait_s: float | None = None) -> Iterator[Path]:
     """Hold the repository lock for the duration of the block; yield the lock's path.
 
-    Raises ``LockHeldError`` naming the holder when another live runner holds it. The lock
-    is released on exit, also on exceptions, and only if it is still ours.
+    Raises ``LockHeldError`` naming the holder when another live runner holds it, at once
+    or, with ``wait_s`` seconds (``math.inf``: no limit), when it is still held after that
+    long. The lock is released on exit, also on exceptions, and only if it is still ours.
     """
     path = lock_path(root)
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "command": command,
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "started": _now_iso(),
         "token": uuid.uuid4().hex,
     }
-    _acquire(path, record)
+    _acquire_waiting(path, record, wait_s)
     try:
         yield path
     finally:
         _release(path, record["token"])
+
+
+def _acquire_waiting(path: Path, record: dict, wait_s: float | None) -> None:
+    started = time.monotonic()
+    deadline = None if wait_s is None else started + max(0.0, wait_s)
+    while True:
+        record["started"] = _now_iso()
+        try:
+            _acquire(path, record)
+            return
+        except LockHeldError as error:
+            if deadline is None:
+                raise
+            now = time.monotonic()
+            if now >= deadline:
+                raise LockHeldError(f"{error} (gave up after waiting {now - started:.1f} s)") from None
+            time.sleep(min(POLL_S, deadline - now) if math.isfinite(deadline) else POLL_S)
 
 
 def _acquire(path: Path, record: dict) -> None:
@@ -124,6 +147,10 @@ def _replace_if_unchanged(path: Path, raw: str, payload: str, token: str) -> boo
     finally:
         tmp.unlink(missing_ok=True)
         guard.unlink(missing_ok=True)
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _release(path: Path, token: str) -> None:

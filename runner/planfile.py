@@ -13,7 +13,7 @@ import re
 import tomllib
 import types
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -49,7 +49,8 @@ class PlanDocument:
 
     ``front_matter_start``/``front_matter_end`` delimit the YAML inside ``text`` (the
     whole text for a YAML plan); ``status_section`` is the span between the status
-    markers, or ``None`` when the file has no markers.
+    markers, or ``None`` when the file has no markers. ``yaml_data`` is the round-trip
+    YAML tree, which knows where every value sits (see ``position``).
     """
 
     path: Path
@@ -59,6 +60,7 @@ class PlanDocument:
     front_matter_start: int
     front_matter_end: int
     status_section: tuple[int, int] | None = None
+    yaml_data: Any = field(default=None, compare=False, repr=False)
 
     @property
     def front_matter(self) -> str:
@@ -69,6 +71,16 @@ class PlanDocument:
     def line_offset(self) -> int:
         """Number of file lines before the YAML (0 for a YAML plan)."""
         return self.text.count("\n", 0, self.front_matter_start)
+
+    def position(self, *loc: str | int) -> tuple[int, int] | None:
+        """The 1-based (line, column) in the file of the value at ``loc``, a key path such as
+        ``("phases", 0, "gates", 1, "call")``; ``None`` when the plan has no such value."""
+        if self.yaml_data is None:
+            return None
+        found, (line, column), _ = _walk(self.yaml_data, tuple(loc))
+        if found != tuple(loc):
+            return None
+        return line + self.line_offset + 1, column + 1
 
 
 def plan_format(path: Path) -> PlanFormat:
@@ -92,10 +104,12 @@ def decode_plan_bytes(data: bytes, path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
         raise PlanError(
             f"the file is not valid UTF-8 (byte offset {error.start}: {error.reason})",
             path=path,
             line=line,
+            column=column,
             hint="save the plan as UTF-8",
         ) from None
 
@@ -123,6 +137,7 @@ def _parse_plan(text: str, *, path: Path, format: PlanFormat) -> PlanDocument:
             f"the plan must be a YAML mapping with keys schema, id and phases, got {got}",
             path=path,
             line=line_offset + 1,
+            column=1,
         )
     try:
         plan = Plan.model_validate(_to_plain(data, path=path))
@@ -137,6 +152,7 @@ def _parse_plan(text: str, *, path: Path, format: PlanFormat) -> PlanDocument:
         front_matter_start=start,
         front_matter_end=end,
         status_section=section,
+        yaml_data=data,
     )
 
 
@@ -149,6 +165,7 @@ def _split_front_matter(text: str, path: Path) -> tuple[int, int, int]:
             "missing front matter: the first line of a Markdown plan must be '---'",
             path=path,
             line=1,
+            column=1,
             hint="start the file with '---', the plan's YAML, then another '---' line",
         )
     closing = _CLOSING_LINE.search(text, opening.end()) if opening.end() < len(text) else None
@@ -157,13 +174,20 @@ def _split_front_matter(text: str, path: Path) -> tuple[int, int, int]:
             "the front matter is never closed",
             path=path,
             line=1,
+            column=1,
             hint="end the plan's YAML with a line that is exactly '---'",
         )
     body_start = closing.end()
     if text.startswith("\n", body_start):
         body_start += 1
     if not text[opening.end() : closing.start()].strip():
-        raise PlanError("the front matter is empty", path=path, line=2)
+        raise PlanError(
+            "the front matter is empty",
+            path=path,
+            line=2,
+            column=1,
+            hint="put the plan's YAML (schema, id, phases) between the two '---' lines",
+        )
     return opening.end(), closing.start(), body_start
 
 
@@ -177,17 +201,24 @@ def _find_status_section(text: str, body_start: int, path: Path) -> tuple[int, i
     def line_of(relative: int) -> int:
         return text.count("\n", 0, body_start + relative) + 1
 
+    def column_of(relative: int) -> int:
+        offset = body_start + relative
+        return offset - (text.rfind("\n", 0, offset) + 1) + 1
+
     hint = f"put one '{STATUS_BEGIN}' line and, below it, one '{STATUS_END}' line"
     if len(begins) != 1 or len(ends) != 1:
         marker, found = (STATUS_BEGIN, begins) if len(begins) != 1 else (STATUS_END, ends)
-        where = line_of(found[1]) if found else line_of((begins or ends)[0])
         count = "is missing" if not found else f"appears {len(found)} times"
-        raise PlanError(f"status marker {marker} {count}", path=path, line=where, hint=hint)
+        at = found[1] if found else (begins or ends)[0]
+        raise PlanError(
+            f"status marker {marker} {count}", path=path, line=line_of(at), column=column_of(at), hint=hint
+        )
     if ends[0] < begins[0]:
         raise PlanError(
             f"status marker {STATUS_END} comes before {STATUS_BEGIN}",
             path=path,
             line=line_of(ends[0]),
+            column=column_of(ends[0]),
             hint=hint,
         )
     return body_start + begins[0] + len(STATUS_BEGIN), body_start + ends[0]

@@ -24,12 +24,23 @@ def advance(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show the phase and its gate steps; change nothing.")
     ] = False,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            metavar="SECONDS",
+            min=0,
+            help="When another runner holds the repository lock, wait up to SECONDS for it "
+            "(`--wait inf`: no limit) instead of exiting with code 2 at once.",
+        ),
+    ] = None,
 ) -> None:
     """Run the gates of the first phase that is not complete and checkpoint it when all pass.
 
     On a pass the plan is updated and one commit (tagged PLAN/PHASE) holds the plan, the run's
     report folder and the phase's paths. A failure or a blocked gate is recorded in the plan
-    and the report, with no commit.
+    and the report, with no commit. Only one runner works in a repository at a time: a second
+    one names the holder of the lock and exits with code 2, or waits with --wait.
     """
     output = GateOutput()
     with domain_errors():
@@ -39,6 +50,7 @@ def advance(
                 ws,
                 results_path=results,
                 dry_run=dry_run,
+                wait_s=wait,
                 on_result=output.on_result,
                 on_progress=output.on_progress,
             )

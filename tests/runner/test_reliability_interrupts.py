@@ -1,0 +1,161 @@
+"""Interrupted runners: Ctrl-C keeps the evidence and the plan; SIGKILL at any moment leaves
+the plan whole and the repository consistent, and the next ``runner advance`` carries on."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from runner.planfile import load_plan
+from tests.runner.gate_helpers import group_alive
+from tests.runner.repo_fixtures import (
+    METRICS_OK,
+    Repo,
+    cli,
+    default_phases,
+    fake_machine,
+    gate,
+    make_repo,
+    runner_env,  # noqa: F401 - fixture
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
+    phases = default_phases()
+    phases[0]["gates"] = [gate("build", "build", "echo built"),
+                          gate("check", "verify", "echo partial output; touch started; sleep 30"),
+                          gate("late", "verify", "true")]
+    repo = make_repo(tmp_path / "repo", phases)
+    before = repo.plan.read_bytes()
+
+    def interrupt_when_started():
+        deadline = time.monotonic() + 10
+        while not (repo.root / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_when_started)
+    thread.start()
+    result = cli(runner_env, repo.root, "advance")
+    thread.join()
+    assert result.exit_code == 130, result.text
+    assert repo.plan.read_bytes() == before and repo.commit_count() == 1
+    assert not (repo.root / ".git" / "runner.lock").exists()
+    [run_dir] = (repo.root / "reports" / "demo" / "alpha").iterdir()
+    assert "partial output" in (run_dir / "check.log").read_text()
+    assert "interrupted" in (run_dir / "check.log").read_text()
+    gates = json.loads((run_dir / "results.json").read_text())["phases"][0]["gates"]
+    assert [(g["name"], g["outcome"]) for g in gates] == [("build", "PASS"), ("check", "ERROR"), ("late", "SKIPPED")]
+    assert "interrupted" in gates[1]["reason"]
+    assert "INTERRUPTED" in (run_dir / "report.md").read_text()
+
+
+# --- SIGKILL at random moments ------------------------------------------------------------------
+
+TRIALS = 50
+WORKERS = 4
+_SITECUSTOMIZE = """
+from runner import machine
+from tests.runner.repo_fixtures import fake_machine
+machine.probe_machine = lambda *args, **kwargs: fake_machine()
+"""
+
+
+def _killable_repo(tmp_path: Path) -> Repo:
+    phases = default_phases()
+    phases[0]["gates"] = [gate("build", "build", "true"),
+                          gate("check", "verify", METRICS_OK, expect={"speedup": ">= 1.5"})]
+    phases[1]["gates"] = [gate("docs", "verify", "true")]
+    return make_repo(tmp_path / "template", phases)
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+
+def _check_consistent(root: Path, base: str, old_plan: bytes) -> None:
+    plan = root / "plans" / "demo.md"
+    now = plan.read_bytes()
+    if now != old_plan:
+        alpha = load_plan(plan).plan.phase("alpha")  # parses: never half-written
+        assert alpha.status in ("complete", "failed"), alpha.status
+    fsck = _git(root, "fsck", "--no-dangling", "--no-progress")
+    assert fsck.returncode == 0 and not fsck.stdout.strip(), fsck.stdout + fsck.stderr
+    head = _git(root, "rev-parse", "HEAD").stdout.strip()
+    if head != base:
+        assert _git(root, "rev-parse", "HEAD~1").stdout.strip() == base
+        assert "Runner-Phase: alpha" in _git(root, "log", "-1", "--format=%B").stdout
+        assert _git(root, "show", "HEAD:plans/demo.md").stdout.encode() == now
+        assert load_plan(plan).plan.phase("alpha").status == "complete"
+
+
+def test_sigkill_at_random_moments_loses_nothing(tmp_path, runner_env):
+    template = _killable_repo(tmp_path)
+    base, old_plan = template.head(), template.plan.read_bytes()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    fake_machine()  # the same fixed machine in the subprocesses
+
+    def start(work: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "runner", "advance"], cwd=work, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def full_run(number: int) -> float:
+        work = tmp_path / f"full{number}"
+        shutil.copytree(template.root, work, symlinks=True)
+        t0 = time.monotonic()
+        assert start(work).wait(60) == 0
+        took = time.monotonic() - t0
+        _check_consistent(work, base, old_plan)
+        assert _git(work, "rev-parse", "HEAD~1").stdout.strip() == base
+        return took
+
+    # how long an undisturbed run takes, under the same load as the trials
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        typical = statistics.median(pool.map(full_run, range(WORKERS)))
+
+    rng = random.Random(20261129)
+    delays = [rng.uniform(0, typical) for _ in range(TRIALS)]
+
+    def trial(number: int) -> tuple[Path, str]:
+        work = tmp_path / f"trial{number}"
+        shutil.copytree(template.root, work, symlinks=True)
+        proc = start(work)
+        time.sleep(delays[number])
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10  # let the git commands it started finish
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _check_consistent(work, base, old_plan)
+        if _git(work, "rev-parse", "HEAD").stdout.strip() != base:
+            return work, "commit"
+        return work, "old plan" if (work / "plans/demo.md").read_bytes() == old_plan else "rewritten plan"
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        outcomes = list(pool.map(trial, range(TRIALS)))
+
+    locks_left = [work for work, _ in outcomes if (work / ".git" / "runner.lock").exists()]
+    assert locks_left and any(kind == "old plan" for _, kind in outcomes), outcomes
+    # the next advance takes over the stale lock and works, whatever moment the kill hit
+    for work, kind in outcomes[:: max(1, TRIALS // 8)] + [(w, "") for w in locks_left[:4]]:
+        again = cli(runner_env, work, "advance")
+        assert again.exit_code == 0, (work.name, kind, again.text)
+        assert not (work / ".git" / "runner.lock").exists()
+        assert _git(work, "fsck", "--no-dangling", "--no-progress").returncode == 0
+        assert load_plan(work / "plans" / "demo.md").plan.phase("alpha").status == "complete"
