@@ -25,9 +25,11 @@ from runner import machine as machine_probe
 from runner.errors import ExitCode, UsageError
 from runner.execute import ProgressFn, run_steps
 from runner.fingerprint import tree_fingerprint
+from runner.junit import append_summary, write_junit
 from runner.machine import MachineInfo
 from runner.planfile import PlanDocument, find_plan, load_plan
 from runner.planning import GateStep, plan_run
+from runner.preflight import check_calls
 from runner.report import REPORTS_DIR, TOOL, iso_time, new_run_id, utc_now
 from runner.results import GateResult, Outcome, PhaseResults, ResultsFile, combine_outcomes
 from runner.schema import Phase, Plan
@@ -200,18 +202,27 @@ def check_phases(
     completed: bool = False,
     out: Path | None = None,
     logs: Path | None = None,
+    junit: Path | None = None,
+    summary: Path | None = None,
     machine: MachineInfo | None = None,
     on_result: ResultFn | None = None,
     on_progress: ProgressFn | None = None,
     keep_going: bool = False,
 ) -> GateCheck:
-    """Run the gates of the selected phases; write ``out`` when given. Changes nothing else."""
+    """Run the gates of the selected phases; write ``out`` when given. Changes nothing else.
+
+    ``junit`` (JUnit XML) and ``summary`` (Markdown, appended) are written for CI whenever the
+    gates ran, also when the tree changed under them; like ``out`` and ``logs`` they are left
+    out of the tree fingerprint.
+    """
     phases = select_phases(ws.plan, phase_ids, completed)
     if not phases:
         return GateCheck(None, ExitCode.OK, ["no phase is complete yet; nothing to check"])
+    for phase in phases:  # a misnamed `call` is a plan error before any gate runs
+        check_calls(ws.doc, phase, ws.root)
     machine = machine or probe()
     devices = frozenset(machine.devices)
-    own_files = [Path(path) for path in (out, logs) if path is not None]
+    own_files = [Path(path) for path in (out, logs, junit, summary) if path is not None]
     fingerprint = ws.fingerprint(own_files)
     created = utc_now()
     phase_results: list[PhaseResults] = []
@@ -246,6 +257,7 @@ def check_phases(
         machine=machine,
         phases=phase_results,
     )
+    messages += _write_ci_files(results_file, junit=junit, summary=summary)
     if ws.fingerprint(own_files) != fingerprint:
         messages.append(
             "the tree changed while the gates ran, so these results describe no single tree"
@@ -256,3 +268,15 @@ def check_phases(
         results_file.dump(Path(out))
         messages.append(f"results written to {out}")
     return GateCheck(results_file, exit_code, messages)
+
+
+def _write_ci_files(results: ResultsFile, *, junit: Path | None, summary: Path | None) -> list[str]:
+    """Write the JUnit XML and append the Markdown summary; say what was written."""
+    messages = []
+    if junit is not None:
+        write_junit(Path(junit), results)
+        messages.append(f"JUnit XML written to {junit}")
+    if summary is not None:
+        append_summary(Path(summary), results)
+        messages.append(f"summary written to {summary}")
+    return messages

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import jinja2
-
 import runner
 from runner.results import GateResult, PhaseResults, ResultsFile
 from runner.schema import Phase, Plan
+from runner.templating import template_env
 
 REPORTS_DIR = "reports"
 TEMPLATE = "report.md.j2"
@@ -101,16 +100,7 @@ def render_report(results: ResultsFile, context: ReportContext, *, run_dir: Path
     """The Markdown report of ``results`` for ``context.phase``."""
     phase_results = _phase_results(results, context.phase.id)
     gates = [_gate_view(gate, run_dir) for gate in phase_results.gates]
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("runner", "templates"),
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    env.filters["cell"] = table_cell
-    env.filters["metric"] = format_metric
+    env = template_env(filters=MARKDOWN_FILTERS)
     text = env.get_template(TEMPLATE).render(
         plan=context.plan,
         phase=context.phase,
@@ -151,6 +141,9 @@ def format_metric(value: object) -> str:
 def table_cell(value: object) -> str:
     """A value made safe for one Markdown table cell."""
     return " ".join(str(value).split()).replace("|", "\\|")
+
+
+MARKDOWN_FILTERS = {"cell": table_cell, "metric": format_metric}
 
 
 def _phase_results(results: ResultsFile, phase_id: str) -> PhaseResults:

@@ -39,6 +39,33 @@ Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 MetricValue = bool | int | float | str
 
 
+def _parse_tolerance(value: object) -> object:
+    """A relative tolerance: a number such as ``0.05``, or a percentage string ``"5%"``."""
+    if isinstance(value, bool):
+        raise PydanticCustomError(
+            "tolerance_bool", "a tolerance is a number like 0.05 or a string like \"5%\", got {value}",
+            {"value": str(value)},
+        )
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            pass
+        raise PydanticCustomError(
+            "tolerance",
+            "cannot read tolerance '{value}': write a relative tolerance like 0.05 or \"5%\"",
+            {"value": value},
+        )
+    return value
+
+
+Tolerance = Annotated[float, BeforeValidator(_parse_tolerance), Field(ge=0, allow_inf_nan=False)]
+"""How much worse than its baseline a metric may get before a diff calls it a regression."""
+
+
 def _timestamp_to_text(value: object) -> object:
     """YAML reads an unquoted ``2026-11-29T23:50:00Z`` as a datetime; keep it as text."""
     if isinstance(value, dt.datetime):
@@ -53,7 +80,12 @@ class _Model(BaseModel):
 
 
 class Gate(_Model):
-    """One check of a phase: a shell command (``run``) or a Python callable (``call``)."""
+    """One check of a phase: a shell command (``run``) or a Python callable (``call``).
+
+    ``expect`` maps metrics to the thresholds a pass needs; ``tolerance`` maps metrics to the
+    relative change for the worse (``0.05`` or ``"5%"``) that ``runner diff`` accepts before it
+    calls a run a regression against a baseline from the same machine.
+    """
 
     name: Identifier
     kind: GateKind
@@ -64,6 +96,7 @@ class Gate(_Model):
     requires: list[str] = Field(default_factory=list)
     timeout: float = Field(default=3600.0, gt=0)
     expect: dict[str, Threshold] = Field(default_factory=dict)
+    tolerance: dict[str, Tolerance] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_command(self) -> Gate:

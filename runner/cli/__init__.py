@@ -1,7 +1,9 @@
-"""The ``runner`` command line: ``status``, ``advance`` and ``gate``.
+"""The ``runner`` command line: ``status``, ``advance``, ``gate``, ``report``, ``history``, ``diff``
+and ``init``.
 
-Each command lives in its own module and only calls the use cases in ``runner.status``,
-``runner.advance`` and ``runner.gate``; domain errors become a one-line message on stderr
+Each command lives in its own module and only calls the use cases (``runner.status``,
+``runner.advance``, ``runner.gate``, ``runner.html_report``, ``runner.history``,
+``runner.metrics_diff``, ``runner.init``); domain errors become a one-line message on stderr
 and an exit code (see ``runner.errors.ExitCode``).
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from runner.cli import advance, gate, status
+from runner.cli import advance, diff, gate, history, init, report, status
 from runner.cli._common import EXIT_CODES_EPILOG
 
 app = typer.Typer(
@@ -25,6 +27,10 @@ app = typer.Typer(
 app.command("status", epilog=EXIT_CODES_EPILOG)(status.status)
 app.command("advance", epilog=EXIT_CODES_EPILOG)(advance.advance)
 app.command("gate", epilog=EXIT_CODES_EPILOG)(gate.gate)
+app.command("report", epilog=EXIT_CODES_EPILOG)(report.report)
+app.command("history", epilog=EXIT_CODES_EPILOG)(history.history)
+app.command("diff", epilog=EXIT_CODES_EPILOG)(diff.diff)
+app.command("init", epilog=EXIT_CODES_EPILOG)(init.init)
 
 
 def main() -> None:

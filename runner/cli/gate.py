@@ -27,6 +27,17 @@ def gate(
         Path | None,
         typer.Option("--logs", help="Keep the gate logs in this folder (default: a temporary one)."),
     ] = None,
+    junit: Annotated[
+        Path | None,
+        typer.Option("--junit", help="Write JUnit XML (a testsuite per phase, a testcase per gate) for CI."),
+    ] = None,
+    summary: Annotated[
+        Path | None,
+        typer.Option(
+            "--summary",
+            help="Append a Markdown summary (outcomes, metrics vs thresholds), e.g. to $GITHUB_STEP_SUMMARY.",
+        ),
+    ] = None,
     keep_going: Annotated[
         bool,
         typer.Option(
@@ -38,7 +49,7 @@ def gate(
 ) -> None:
     """Run the gates of the named phases (or of every complete phase) and report.
 
-    Changes no file except --out and --logs, makes no commit and takes no lock. Works in a
+    Changes no file except --out, --logs, --junit and --summary, makes no commit and takes no lock. Works in a
     copy of the tree without .git (a GPU host).
     """
     output = GateOutput()
@@ -51,6 +62,8 @@ def gate(
                 completed=completed,
                 out=out,
                 logs=logs,
+                junit=junit,
+                summary=summary,
                 on_result=output.on_result,
                 on_progress=output.on_progress,
                 keep_going=keep_going,

@@ -1,0 +1,28 @@
+"""``runner report``: one self-contained HTML page for the plan (phases, latest gates, plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runner.cli._common import PLAN_HELP, domain_errors, workspace
+from runner.html_report import DEFAULT_OUT, write_html_report
+
+
+def report(
+    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Where to write the page (default: reports/index.html under the root)."),
+    ] = None,
+) -> None:
+    """Write one static HTML page for the plan: the phases as a timeline with their
+    checkpoints, each phase's latest gate results, and plots of the benchmark sweep and the
+    headline metrics across runs. It needs no server or network to read.
+    """
+    with domain_errors():
+        ws = workspace(plan)
+        target = write_html_report(ws, out if out is not None else ws.root / DEFAULT_OUT)
+    typer.echo(f"report written to {target}")

@@ -1,0 +1,233 @@
+"""The runs and checkpoints of a plan, as its reports folder and the plan record them. Reads only.
+
+Every run of a phase leaves ``reports/<plan>/<phase>/<run-id>/results.json``; a complete phase
+records its checkpoint (tag, time, report path) in the plan. ``find_runs`` lists the runs,
+``plan_checkpoints`` the checkpoints, and ``resolve_run`` turns what a user types (a run id, a
+path to a results file or a run folder, a ``plan/phase`` tag) into one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from runner.errors import ResultsError, UsageError
+from runner.gate import Workspace
+from runner.machine import MachineInfo
+from runner.report import REPORTS_DIR, safe_name
+from runner.results import Outcome, PhaseResults, ResultsFile, combine_outcomes
+from runner.status import plan_status
+
+RESULTS_NAME = "results.json"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One results file: where it lies and what it holds.
+
+    ``phase`` is the phase folder the run was found in (``None`` for a results file given by
+    path, which may hold several phases).
+    """
+
+    path: Path
+    results: ResultsFile
+    phase: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.results.run_id
+
+    @property
+    def created(self) -> datetime:
+        return parse_time(self.results.created)
+
+    @property
+    def machine(self) -> MachineInfo:
+        return self.results.machine
+
+    @property
+    def outcome(self) -> Outcome:
+        """The outcome of ``phase`` in this run (of every phase when ``phase`` is ``None``)."""
+        return combine_outcomes(results.outcome for results in self.phase_results())
+
+    def phase_results(self) -> list[PhaseResults]:
+        return [p for p in self.results.phases if self.phase is None or p.phase == self.phase]
+
+    def metrics(self) -> dict[tuple[str, str, str], object]:
+        """Every reported metric, keyed by (phase, gate, metric), in the order reported."""
+        return {
+            (phase.phase, gate.name, name): value
+            for phase in self.phase_results()
+            for gate in phase.gates
+            for name, value in gate.metrics.items()
+        }
+
+    def to_json(self, root: Path | None = None) -> dict:
+        return {
+            "run_id": self.run_id,
+            "phase": self.phase,
+            "phases": [p.phase for p in self.phase_results()],
+            "time": self.results.created,
+            "outcome": self.outcome,
+            "machine": describe_machine(self.machine),
+            "machine_fingerprint": self.machine.fingerprint,
+            "fingerprint": self.results.fingerprint,
+            "path": display_path(self.path, root),
+        }
+
+
+@dataclass(frozen=True)
+class RunScan:
+    """The runs found (oldest first) and the results files that could not be read."""
+
+    runs: list[RunRecord]
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A phase's checkpoint as the plan records it; ``commit`` resolved from the tag in git."""
+
+    phase: str
+    tag: str
+    time: str
+    commit: str | None
+    report: str
+    fingerprint: str
+    metrics: dict[str, bool | int | float | str]
+
+    def to_json(self) -> dict:
+        return {
+            "phase": self.phase, "tag": self.tag, "time": self.time, "commit": self.commit,
+            "report": self.report, "fingerprint": self.fingerprint, "metrics": self.metrics,
+        }
+
+
+def parse_time(text: str) -> datetime:
+    """``2026-11-29T23:50:00Z`` (or any ISO 8601 time) as an aware UTC datetime."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
+def describe_machine(machine: MachineInfo) -> str:
+    """``vm: NVIDIA H200`` (``x2`` for two GPUs), ``ci: no GPU``."""
+    gpu = machine.gpu_name or "no GPU"
+    if machine.gpu_count > 1:
+        gpu += f" x{machine.gpu_count}"
+    return f"{machine.hostname}: {gpu}"
+
+
+def short(fingerprint: str) -> str:
+    """The first 8 hex digits of a ``sha256:`` fingerprint."""
+    return fingerprint.split(":", 1)[-1][:8]
+
+
+def display_path(path: Path, root: Path | None) -> str:
+    """``path`` relative to ``root`` when inside it (POSIX), else as given."""
+    if root is not None:
+        try:
+            return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
+def find_runs(root: Path, plan_id: str, phase: str | None = None) -> RunScan:
+    """Every ``reports/<plan>/<phase>/<run-id>/results.json`` of the plan (of one phase when
+    ``phase`` is given), oldest first; unreadable files are listed in ``skipped``."""
+    plan_dir = Path(root) / REPORTS_DIR / safe_name(plan_id)
+    phase_dirs = [plan_dir / safe_name(phase)] if phase else sorted(plan_dir.glob("*"))
+    runs: list[RunRecord] = []
+    skipped: list[str] = []
+    for phase_dir in phase_dirs:
+        for path in sorted(phase_dir.glob(f"*/{RESULTS_NAME}")):
+            try:
+                results = ResultsFile.load(path)
+            except ResultsError as error:
+                skipped.append(str(error))
+                continue
+            runs.append(RunRecord(path=path, results=results, phase=phase_dir.name))
+    runs.sort(key=lambda run: (run.created, run.run_id, run.phase or ""))
+    return RunScan(runs, skipped)
+
+
+def latest_runs(scan: RunScan) -> dict[str, RunRecord]:
+    """The newest run of each phase."""
+    latest: dict[str, RunRecord] = {}
+    for run in scan.runs:  # oldest first, so the newest wins
+        if run.phase is not None:
+            latest[run.phase] = run
+    return latest
+
+
+def plan_checkpoints(ws: Workspace) -> list[CheckpointRecord]:
+    """The checkpoint of every phase that has one, in plan order."""
+    records = []
+    for phase in plan_status(ws).phases:
+        record = phase.checkpoint
+        if record is not None:
+            records.append(
+                CheckpointRecord(
+                    phase=phase.id, tag=record.tag, time=record.time, commit=record.commit,
+                    report=record.report, fingerprint=record.fingerprint, metrics=record.metrics,
+                )
+            )
+    return records
+
+
+def resolve_run(ws: Workspace, ref: str, *, cwd: Path | None = None) -> RunRecord:
+    """The run ``ref`` names: a path to a results file or a run folder, a checkpoint tag
+    (``plan/phase``), or a run id (or an unambiguous start of one) under ``reports/``."""
+    for base in (Path(cwd or Path.cwd()), ws.root):
+        candidate = base / ref
+        if candidate.is_dir() and (candidate / RESULTS_NAME).is_file():
+            candidate = candidate / RESULTS_NAME
+        if candidate.is_file():
+            return _record_for_path(ws, candidate)
+    checkpoint = _checkpoint_named(ws, ref)
+    if checkpoint is not None:
+        path = ws.root / Path(checkpoint.report).parent / RESULTS_NAME
+        if not path.is_file():
+            raise UsageError(
+                f"checkpoint {checkpoint.tag}: its report run has no {RESULTS_NAME} ({path})"
+            )
+        return _record_for_path(ws, path)
+    scan = find_runs(ws.root, ws.plan.id)
+    exact = [run for run in scan.runs if ref in (run.run_id, run.path.parent.name)]
+    matches = exact or [run for run in scan.runs if run.path.parent.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join(run.path.parent.name for run in scan.runs[-5:]) or "none yet"
+    if matches:
+        raise UsageError(f"{ref!r} names {len(matches)} runs; give more of the run id (recent runs: {known})")
+    raise UsageError(
+        f"{ref!r} is not a results file, a run folder, a checkpoint tag or a run id of plan "
+        f"{ws.plan.id!r} (recent runs: {known})"
+    )
+
+
+def _checkpoint_named(ws: Workspace, ref: str):
+    for phase in ws.plan.phases:
+        names = {f"{ws.plan.id}/{phase.id}"}
+        if phase.checkpoint is not None:
+            names.add(phase.checkpoint.tag)
+        if ref in names:
+            if phase.checkpoint is None:
+                raise UsageError(f"phase {phase.id!r} has no checkpoint yet (status {phase.status})")
+            return phase.checkpoint
+    return None
+
+
+def _record_for_path(ws: Workspace, path: Path) -> RunRecord:
+    results = ResultsFile.load(path)
+    phase = None
+    try:
+        rel = path.resolve().relative_to((ws.root / REPORTS_DIR).resolve())
+    except ValueError:
+        rel = None
+    if rel is not None and len(rel.parts) == 4 and any(p.phase == rel.parts[1] for p in results.phases):
+        phase = rel.parts[1]
+    return RunRecord(path=path, results=results, phase=phase)

@@ -1,0 +1,144 @@
+"""``runner report``: one self-contained static HTML page for a plan. Reads only, writes one file.
+
+The page (``runner/templates/index.html.j2``) shows the phases as a timeline with their status
+and checkpoint (tag, commit, report), each phase's newest run with its gates and metric checks,
+and inline SVG plots: the benchmark sweep of the newest run (from any JSON artifact with
+benchmark rows, see ``runner.plots``) and every headline metric across the phase's runs. Links
+are relative to the HTML file, and nothing is loaded from elsewhere, so the page reads from
+disk without a server or network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner.gate import Workspace
+from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs, short
+from runner.plots import Plot, Point, benchmark_plots, metric_history_plot
+from runner.report import TOOL, format_metric, headline_metrics, iso_time, utc_now
+from runner.results import GateResult
+from runner.schema import Phase
+from runner.status import PhaseView, plan_status
+from runner.templating import template_env
+
+TEMPLATE = "index.html.j2"
+DEFAULT_OUT = Path("reports") / "index.html"
+
+
+@dataclass(frozen=True)
+class PhaseSection:
+    """What the page shows for one phase; links are relative to the HTML file."""
+
+    spec: Phase
+    view: PhaseView
+    report_link: str | None
+    runs: int
+    latest: RunRecord | None
+    latest_link: str | None
+    gates: list[GateResult]
+    plots: list[Plot] = field(default_factory=list)
+
+    @property
+    def latest_outcome(self) -> str | None:
+        return self.latest.outcome if self.latest is not None else None
+
+
+def render_html_report(ws: Workspace, out: Path) -> str:
+    """The HTML page of the plan in ``ws``, with links relative to where ``out`` will be."""
+    out_dir = Path(out).resolve().parent
+    status = plan_status(ws)
+    scan = find_runs(ws.root, ws.plan.id)
+    latest = latest_runs(scan)
+    sections = [
+        _section(ws, spec, view, scan, latest.get(spec.id), out_dir)
+        for spec, view in zip(ws.plan.phases, status.phases, strict=True)
+    ]
+    env = template_env(html=True, filters={"metric": format_metric, "short": short})
+    return env.get_template(TEMPLATE).render(
+        plan=ws.plan,
+        plan_path=ws.plan_rel,
+        status=status,
+        sections=sections,
+        skipped=scan.skipped,
+        generated=iso_time(utc_now()),
+        tool=TOOL,
+        describe_machine=describe_machine,
+    )
+
+
+def write_html_report(ws: Workspace, out: Path) -> Path:
+    """Render the page and write it to ``out`` (folders created); return ``out``."""
+    out = Path(out)
+    text = render_html_report(ws, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, latest: RunRecord | None,
+             out_dir: Path) -> PhaseSection:
+    report_link = None
+    checkpoint_run = None
+    if view.checkpoint is not None:
+        report_link = _link(ws.root / view.checkpoint.report, out_dir)
+        checkpoint_run = (ws.root / view.checkpoint.report).parent.resolve()
+    runs = [run for run in scan.runs if run.phase == spec.id]
+    gates: list[GateResult] = []
+    plots: list[Plot] = []
+    latest_link = None
+    if latest is not None:
+        [phase_results] = latest.phase_results()
+        gates = phase_results.gates
+        report = latest.path.parent / "report.md"
+        latest_link = _link(report if report.is_file() else latest.path, out_dir)
+        plots += _benchmark_plots(gates)
+    plots += _history_plots(spec, runs, checkpoint_run)
+    return PhaseSection(spec, view, report_link, len(runs), latest, latest_link, gates, plots)
+
+
+def _benchmark_plots(gates: list[GateResult]) -> list[Plot]:
+    plots = []
+    for gate in gates:
+        for name, text in sorted(gate.artifacts.items()):
+            if not name.endswith(".json"):
+                continue
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                plots += benchmark_plots(data, source=f"{gate.name}: {name}")
+    return plots
+
+
+def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | None) -> list[Plot]:
+    thresholds = {
+        metric: (threshold.op, threshold.value)
+        for gate in reversed(spec.gates)
+        for metric, threshold in gate.expect.items()
+    }
+    plots = []
+    for metric in spec.headline_metrics():
+        points = []
+        for run in runs:
+            [phase_results] = run.phase_results()
+            value = headline_metrics(spec, phase_results.gates).get(metric)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            points.append(
+                Point(run.created, float(value), run.run_id,
+                      checkpoint=run.path.parent.resolve() == checkpoint_run)
+            )
+        if points:
+            plots.append(
+                metric_history_plot(metric, points, threshold=thresholds.get(metric),
+                                    title=f"{metric} across {len(points)} run(s)")
+            )
+    return plots
+
+
+def _link(target: Path, out_dir: Path) -> str:
+    return Path(os.path.relpath(Path(target).resolve(), out_dir)).as_posix()

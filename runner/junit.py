@@ -1,0 +1,109 @@
+"""What CI reads from a ``runner gate`` run: JUnit XML and a Markdown step summary.
+
+JUnit: one ``testsuite`` per phase, one ``testcase`` per gate. ``FAIL`` is a ``failure`` and
+``ERROR`` an ``error`` (message: the gate's reason, text: its log tail); ``BLOCKED`` and
+``SKIPPED`` are ``skipped`` with the reason; the gate's metrics are the testcase's properties.
+The Markdown summary (``runner/templates/summary.md.j2``) suits ``$GITHUB_STEP_SUMMARY``.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from runner.report import MARKDOWN_FILTERS, format_metric
+from runner.results import GateResult, ResultsFile
+from runner.templating import template_env
+
+SUMMARY_TEMPLATE = "summary.md.j2"
+
+
+def junit_xml(results: ResultsFile) -> str:
+    """The results as a JUnit XML document."""
+    suites = ET.Element("testsuites", name=f"runner gate {results.plan_id}")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    total_time = 0.0
+    for phase in results.phases:
+        counts = {
+            "tests": len(phase.gates),
+            "failures": sum(gate.outcome == "FAIL" for gate in phase.gates),
+            "errors": sum(gate.outcome == "ERROR" for gate in phase.gates),
+            "skipped": sum(gate.outcome in ("BLOCKED", "SKIPPED") for gate in phase.gates),
+        }
+        time = sum(gate.duration_s for gate in phase.gates)
+        suite = ET.SubElement(
+            suites, "testsuite", name=f"{results.plan_id}/{phase.phase}",
+            timestamp=results.created, hostname=results.machine.hostname, time=f"{time:.3f}",
+            **{key: str(value) for key, value in counts.items()},
+        )
+        properties = ET.SubElement(suite, "properties")
+        for name, value in (
+            ("run_id", results.run_id),
+            ("fingerprint", results.fingerprint),
+            ("machine_fingerprint", results.machine.fingerprint),
+            ("gpu", results.machine.gpu_name or "none"),
+            ("outcome", phase.outcome),
+        ):
+            ET.SubElement(properties, "property", name=name, value=value)
+        for gate in phase.gates:
+            _testcase(suite, f"{results.plan_id}.{phase.phase}", gate)
+        for key in totals:
+            totals[key] += counts[key]
+        total_time += time
+    for key, value in totals.items():
+        suites.set(key, str(value))
+    suites.set("time", f"{total_time:.3f}")
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _testcase(suite: ET.Element, classname: str, gate: GateResult) -> None:
+    case = ET.SubElement(suite, "testcase", classname=classname, name=gate.name, time=f"{gate.duration_s:.3f}")
+    if gate.metrics or gate.checks:
+        properties = ET.SubElement(case, "properties")
+        ET.SubElement(properties, "property", name="kind", value=gate.kind)
+        for name, value in gate.metrics.items():
+            ET.SubElement(properties, "property", name=name, value=format_metric(value))
+        for check in gate.checks:
+            ET.SubElement(properties, "property", name=f"expect.{check.metric}", value=check.threshold)
+    message = f"{gate.outcome}: {gate.reason}"
+    if gate.outcome == "FAIL":
+        ET.SubElement(case, "failure", message=message, type=gate.outcome).text = _details(gate)
+    elif gate.outcome == "ERROR":
+        ET.SubElement(case, "error", message=message, type=gate.outcome).text = _details(gate)
+    elif gate.outcome in ("BLOCKED", "SKIPPED"):
+        ET.SubElement(case, "skipped", message=message)
+    if gate.log_tail:
+        ET.SubElement(case, "system-out").text = _xml_safe(gate.log_tail)
+
+
+def _details(gate: GateResult) -> str:
+    failed = [f"{check.metric} {check.threshold}: {check.reason}" for check in gate.checks if not check.ok]
+    parts = [gate.reason, *failed]
+    if gate.log_tail:
+        parts += ["", "log tail:", gate.log_tail]
+    return _xml_safe("\n".join(parts))
+
+
+def _xml_safe(text: str) -> str:
+    """Drop the control characters XML 1.0 cannot hold (a gate's log may contain any)."""
+    return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20)
+
+
+def summary_markdown(results: ResultsFile) -> str:
+    """A Markdown summary: each phase and gate with its outcome, and metrics vs thresholds."""
+    return template_env(filters=MARKDOWN_FILTERS).get_template(SUMMARY_TEMPLATE).render(results=results)
+
+
+def write_junit(path: Path, results: ResultsFile) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(junit_xml(results), encoding="utf-8")
+
+
+def append_summary(path: Path, results: ResultsFile) -> None:
+    """Append the summary to ``path`` (``$GITHUB_STEP_SUMMARY`` is appended to, by convention)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(summary_markdown(results))

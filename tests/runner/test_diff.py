@@ -1,0 +1,154 @@
+"""``runner diff`` and the plan's ``tolerance``: a regression needs the tolerance exceeded on
+the same machine fingerprint; another machine is "not comparable"."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from runner.gate import open_workspace
+from runner.history import resolve_run
+from runner.metrics_diff import compare_metric, diff_runs
+from runner.schema import Gate
+from tests.runner.repo_fixtures import (
+    METRICS_OK,
+    cli,
+    default_phases,
+    gate,
+    make_repo,
+    runner_env,  # noqa: F401 - fixture
+)
+from tests.runner.run_samples import REAL_RESULTS, ROOT, check_run, gate_result, results, write_run
+
+OLD = ("20261201T000000Z-aaaaaaaa", "2026-12-01T00:00:00Z")
+NEW = ("20261202T000000Z-bbbbbbbb", "2026-12-02T00:00:00Z")
+
+
+def tolerant_phases(tolerance: dict) -> list[dict]:
+    phases = default_phases()
+    phases[0]["gates"][1] = gate(
+        "check", "verify", METRICS_OK, expect={"speedup": ">= 1.5", "errors": "== 0"}, tolerance=tolerance
+    )
+    return phases
+
+
+@pytest.mark.parametrize(("text", "value"), [("5%", 0.05), (" 12.5 % ", 0.125), (0.1, 0.1), (2, 2.0), ("0.02", 0.02)])
+def test_tolerance_reads_numbers_and_percentages(text, value):
+    spec = Gate.model_validate({"name": "g", "kind": "benchmark", "run": "true", "tolerance": {"m": text}})
+    assert spec.tolerance == {"m": pytest.approx(value)}
+
+
+@pytest.mark.parametrize("bad", ["five", "5 %%", True, -0.1, "-1%", None, "nan"])
+def test_tolerance_rejects_what_is_not_a_relative_tolerance(bad):
+    with pytest.raises(ValidationError, match="tolerance"):
+        Gate.model_validate({"name": "g", "kind": "benchmark", "run": "true", "tolerance": {"m": bad}})
+
+
+def test_plan_with_tolerance_loads_and_status_reads_it(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({"speedup": "5%"}), git_init=False)
+    ws = open_workspace(None, cwd=repo.root)
+    assert ws.plan.phase("alpha").gate("check").tolerance == {"speedup": 0.05}
+    assert cli(runner_env, repo.root, "status").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "direction", "tolerance", "comparable", "verdict"),
+    [
+        (2.0, 1.8, "higher", 0.05, True, "regression"),       # 10% worse > 5%
+        (2.0, 1.95, "higher", 0.05, True, "within tolerance"),  # 2.5% worse
+        (2.0, 2.4, "higher", 0.05, True, "better"),
+        (50.0, 60.0, "lower", 0.1, True, "regression"),        # 20% slower
+        (50.0, 40.0, "lower", 0.1, True, "better"),
+        (2.0, 1.0, "higher", None, True, "worse"),             # no tolerance: never a regression
+        (2.0, 1.0, "higher", 0.05, False, "not comparable"),   # other machine
+        (3, 4, None, 0.05, True, "changed"),                   # no expect: delta only
+        (1.0, 1.0, "higher", 0.05, True, "unchanged"),
+        (0.0, 0.5, "lower", 0.1, True, "regression"),          # from zero: infinitely worse
+        ("a", "b", None, None, True, "changed"),
+    ],
+)
+def test_verdicts(old, new, direction, tolerance, comparable, verdict):
+    row = compare_metric("p", "g", "m", old, new, threshold=None, direction=direction,
+                         tolerance=tolerance, comparable=comparable)
+    assert row.verdict == verdict
+
+
+def test_delta_and_percent():
+    row = compare_metric("p", "g", "m", 2.0, 1.5, threshold=">= 1", direction="higher",
+                         tolerance=None, comparable=True)
+    assert row.delta == pytest.approx(-0.5) and row.delta_pct == pytest.approx(-25.0)
+    zero = compare_metric("p", "g", "m", 0, 3, threshold=None, direction=None, tolerance=None, comparable=True)
+    assert zero.delta == 3 and zero.delta_pct is None
+
+
+def test_regression_beyond_tolerance_on_the_same_machine(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({"speedup": "5%"}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.8)
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0])
+    assert result.exit_code == 1, result.text
+    [row] = [line for line in result.stdout.splitlines() if " speedup " in line]
+    assert row.split()[-1] == "regression"
+    assert "2" in row and "1.8" in row and "-0.2" in row and "-10.0%" in row and "5%" in row
+    assert "1 regression(s)" in result.stdout
+    assert "errors" not in result.stdout  # unchanged metrics only with --all
+    assert " errors " in cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--all").stdout
+
+
+def test_within_tolerance_is_no_regression(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({"speedup": 0.05}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.95)
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--json")
+    assert result.exit_code == 0, result.text
+    data = json.loads(result.stdout)
+    assert data["comparable"] and data["regressions"] == 0
+    speedup = next(row for row in data["metrics"] if row["metric"] == "speedup")
+    assert speedup["verdict"] == "within tolerance" and speedup["tolerance"] == 0.05
+    assert speedup["delta_pct"] == pytest.approx(-2.5)
+
+
+def test_another_machine_is_not_comparable(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({"speedup": "5%"}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.0, gpu="Other GPU")  # far beyond the tolerance
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--json")
+    assert result.exit_code == 0, result.text
+    data = json.loads(result.stdout)
+    assert not data["comparable"] and data["regressions"] == 0
+    assert data["old"]["machine_fingerprint"] != data["new"]["machine_fingerprint"]
+    speedup = next(row for row in data["metrics"] if row["metric"] == "speedup")
+    assert speedup["verdict"] == "not comparable"
+    text = cli(runner_env, repo.root, "diff", OLD[0], NEW[0]).stdout
+    assert "not comparable" in text and "no regression" in text
+
+
+def test_diff_against_a_checkpoint_tag(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({"speedup": "5%"}))
+    assert cli(runner_env, repo.root, "advance").exit_code == 0  # demo/alpha, speedup 2.5
+    newer = check_run(repo.root, "20991201T000000Z-cccccccc", "2099-12-01T00:00:00Z", speedup=2.0)
+    result = cli(runner_env, repo.root, "diff", "demo/alpha", str(newer), "--json")
+    assert result.exit_code == 1, result.text
+    data = json.loads(result.stdout)
+    speedup = next(row for row in data["metrics"] if row["metric"] == "speedup")
+    assert (speedup["old"], speedup["new"], speedup["verdict"]) == (2.5, 2.0, "regression")
+
+
+def test_runs_without_a_shared_phase_are_a_usage_error(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    other = results(run_id=NEW[0], created=NEW[1], phase="beta", gates=[gate_result("gpu")])
+    write_run(repo.root, other, phase="beta")
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0])
+    assert result.exit_code == 2 and "share no phase" in result.stderr
+
+
+def test_real_kernel_run_against_itself_on_the_shipped_plan():
+    ws = open_workspace(None, cwd=ROOT)
+    run = resolve_run(ws, str(REAL_RESULTS), cwd=ROOT)
+    result = diff_runs(ws.plan, run, run)
+    assert result.comparable and not result.regressions
+    assert {row.verdict for row in result.rows} == {"unchanged"}
+    assert any(row.metric == "min_speedup_64k" and row.threshold == ">= 5" for row in result.rows)

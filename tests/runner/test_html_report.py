@@ -1,0 +1,150 @@
+"""``runner report``: the plan's HTML page, its plots, and every template rendered on the real
+H200 kernel run in ``reports/mla-verify/kernel/``; the page is opened in headless chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runner.gate import open_workspace
+from runner.html_report import render_html_report, write_html_report
+from runner.plots import benchmark_plots, oracle_gbps, sweep_shapes
+from runner.report import ReportContext, render_report
+from runner.results import ResultsFile
+from tests.runner.repo_fixtures import (
+    cli,
+    make_repo,
+    runner_env,  # noqa: F401 - fixture
+    snapshot,
+)
+from tests.runner.run_samples import REAL_RESULTS, REAL_RUN, ROOT, check_run
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def real_bench() -> dict:
+    results = ResultsFile.load(REAL_RESULTS)
+    bench = next(gate for gate in results.phases[0].gates if gate.name == "benchmark")
+    return json.loads(bench.artifacts["bench.json"])
+
+
+@pytest.fixture(scope="module")
+def shipped_page(tmp_path_factory) -> tuple[Path, str]:
+    """The shipped plan's page, written outside the tree (links then climb back into it)."""
+    out = tmp_path_factory.mktemp("page") / "index.html"
+    write_html_report(open_workspace(None, cwd=ROOT), out)
+    return out, out.read_text()
+
+
+def test_sweep_shapes_of_the_real_benchmark():
+    shapes = sweep_shapes(real_bench())
+    assert len(shapes) == 8 and (16, 1) in shapes and (64, 32) in shapes
+    contexts = [row["context"] for row in shapes[(16, 8)]]
+    assert contexts == sorted(contexts) and contexts[0] == 4096 and len(contexts) == 5
+    assert all(row["kind"] == "sweep" for rows in shapes.values() for row in rows)
+
+
+def test_oracle_bandwidth_is_kv_bytes_over_the_oracle_time():
+    row = next(r for r in real_bench()["rows"] if r["name"] == "h16_t1_64k")
+    kv_bytes = row["total_kv"] * 576 * 2
+    assert oracle_gbps(row) == pytest.approx(kv_bytes / (row["oracle_us"] * 1e-6) / 1e9, rel=2e-3)
+    assert oracle_gbps({"kv_GBps": 1.0, "time_us": 1.0, "oracle_us": None}) is None
+
+
+def test_benchmark_plots_are_inline_svg_and_skip_data_without_rows():
+    plots = benchmark_plots(real_bench())
+    assert [plot.title.split(" vs ")[0] for plot in plots] == ["Roofline fraction", "KV bandwidth"]
+    for plot in plots:
+        assert plot.svg.startswith("<svg") and plot.svg.rstrip().endswith("</svg>")
+        assert re.search(r'href="https?:', plot.svg) is None and "<image" not in plot.svg  # self-contained
+    assert "naive oracle" in plots[1].svg
+    assert benchmark_plots({"rows": [{"kind": "batch", "context": 1, "frac": 0.5}]}) == []
+    assert benchmark_plots({"cases": []}) == []
+
+
+def test_shipped_plan_page(shipped_page):
+    out, html = shipped_page
+    assert '<table id="phases"' in html
+    for phase in ("kernel", "backend", "cudagraph", "defrag"):
+        assert f'id="phase-{phase}"' in html
+    assert "20261130T001525Z-a7576174" in html and "NVIDIA H200" in html
+    assert "min_frac_memory_64k" in html and "&gt;= 0.80" in html
+    assert html.count("<svg") >= 2 + 4  # two sweep plots, four headline metrics across runs
+    assert "<script" not in html and 'src="http' not in html and "<link" not in html
+    links = re.findall(r'href="([^"#][^"]*)"', html)
+    assert links and all(not link.startswith(("http:", "https:", "/")) for link in links)
+    for link in links:
+        assert (out.parent / link).resolve().is_file(), link
+    assert any(link.endswith(f"{REAL_RUN.name}/report.md") for link in links)
+
+
+def test_history_across_runs_and_checkpoint_links(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo")
+    assert cli(runner_env, repo.root, "advance").exit_code == 0  # checkpoint demo/alpha
+    check_run(repo.root, "20991201T000000Z-cccccccc", "2099-12-01T00:00:00Z", 1.2)
+    before = snapshot(repo.root)
+    result = cli(runner_env, repo.root, "report", "--out", "site/index.html")
+    assert result.exit_code == 0, result.text
+    html = (repo.root / "site" / "index.html").read_text()
+    assert set(snapshot(repo.root)) - set(before) == {"site/index.html"}
+    assert "<code>demo/alpha</code>" in html and repo.head()[:12] in html
+    report = re.search(r'<a href="([^"]+)">report</a>', html).group(1)
+    assert report.startswith("../reports/demo/alpha/") and (repo.root / "site" / report).is_file()
+    assert "Latest of 2 run(s)" in html and "20991201T000000Z-cccccccc" in html
+    assert "speedup across 2 run(s)" in html and "errors across 2 run(s)" in html
+    assert "No run of this phase" in html  # beta
+
+
+def test_report_defaults_to_reports_index(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", git_init=False)
+    result = cli(runner_env, repo.root, "report")
+    assert result.exit_code == 0, result.text
+    assert (repo.root / "reports" / "index.html").is_file()
+    html = render_html_report(open_workspace(None, cwd=repo.root), repo.root / "x.html")
+    assert "no run yet" in html and "<svg" not in html
+
+
+def test_run_report_markdown_on_the_real_run():
+    ws = open_workspace(None, cwd=ROOT)
+    results = ResultsFile.load(REAL_RESULTS)
+    phase = ws.plan.phase("kernel")
+    text = render_report(results, ReportContext(plan=ws.plan, phase=phase, outcome="FAIL"), run_dir=REAL_RUN)
+    assert text.startswith("# mla-verify / kernel: FAIL")
+    assert "| build | build | **FAIL** |" in text and "| benchmark | benchmark | **FAIL** |" in text
+    assert "| min_speedup_64k | `>= 5` | 6.85 | yes |" in text
+    assert "| spills | `== 0` | 176 | no: 176 is not == 0 |" in text
+    assert results.machine.fingerprint in text and results.fingerprint in text and "NVIDIA H200" in text
+    assert "<summary>log tail</summary>" in text
+    assert "| min_frac_memory_64k | 0.2538 |" in text  # headline metrics
+
+
+def find_chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_page_renders_in_headless_chromium(shipped_page, tmp_path):
+    exe = find_chromium()
+    if exe is None:
+        message = "chromium is not installed (.ci/run installs it: apt-get install chromium)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    out, _ = shipped_page
+    proc = subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", out.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    assert re.search(r'<table id="phases"[^>]*>', dom), dom[:500]
+    assert "<svg" in dom and "</svg>" in dom
+    assert "kernel" in dom and "20261130T001525Z-a7576174" in dom
