@@ -124,3 +124,13 @@ def test_progress_lines_reach_the_callback(tmp_path):
     assert seen and all(name == "g" for name, _, _ in seen)
     counts = [(done, total) for _, done, total in seen if done is not None]
     assert counts and counts == sorted(counts) and counts[-1] in {(2, 3), (3, 3)}
+
+
+def test_gate_refuses_a_call_that_names_missing_code_before_running_anything(tmp_path, runner_env):
+    phases = default_phases()
+    phases[0]["gates"].append(gate("later", "benchmark", run=None, call="gates.missing:run"))
+    repo = make_repo(tmp_path / "repo", phases)
+    result = cli(runner_env, repo.root, "gate", "alpha", "--out", str(tmp_path / "r.json"))
+    assert result.exit_code == 2, result.text
+    assert "no module named 'gates'" in result.stderr and "demo.md:" in result.stderr
+    assert not (tmp_path / "r.json").exists()
