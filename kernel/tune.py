@@ -20,7 +20,7 @@ import triton
 
 from kernel.mla_verify import MLAVerifyWrapper, Workspace, make_plan, run_plan
 from kernel.plan import TileConfig
-from kernel.reference import mla_verify_reference
+from kernel.reference import mla_verify_reference, tree_mask_from_parents
 
 
 def ceilings(device: torch.device) -> tuple[float, float]:
@@ -76,12 +76,7 @@ def make_case(h: int, t: int, context: int, device, seed: int = 0, scattered: bo
     kv = torch.randn(pool, 576, device=device, dtype=torch.bfloat16)
     slots = torch.randperm(pool, generator=gen)[:context] if scattered else torch.arange(context)
     parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, t)]
-    mask = torch.zeros(t, t, dtype=torch.bool)
-    for s in range(t):
-        u = s
-        while u >= 0:
-            mask[s, u] = True
-            u = parents[u]
+    mask = tree_mask_from_parents(parents)
     return dict(
         q=q, kv_cache=kv,
         qo_indptr=torch.tensor([0, t], dtype=torch.int32, device=device),
