@@ -195,3 +195,22 @@ def test_ragged_batch_gpu():
     lengths = [max(t, int(x)) for t, x in zip(drafts, torch.randint(1, 40000, (12,), generator=gen))]
     inp = make_inputs(drafts, lengths, 16, 576, torch.float16, tree=True, scattered=True, seed=1)
     run_and_check(inp, 576, 512)
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_half_million_token_context_gpu():
+    """The contract's longest context: L = 512k (+ drafts) for one request."""
+    inp = make_inputs([8], [524288 + 8], 16, 576, torch.bfloat16, tree=True, scattered=True, seed=512)
+    run_and_check(inp, 576, 512, sm_scale=1 / math.sqrt(192))
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_batch_of_256_ragged_requests_gpu():
+    """The contract's widest batch: B = 256, ragged drafts and contexts."""
+    gen = torch.Generator().manual_seed(256)
+    drafts = [int(x) for x in torch.randint(1, 9, (256,), generator=gen)]
+    lengths = [t + int(x) for t, x in zip(drafts, torch.randint(0, 3000, (256,), generator=gen))]
+    inp = make_inputs(drafts, lengths, 16, 576, torch.bfloat16, tree=True, scattered=True, seed=256)
+    run_and_check(inp, 576, 512)
