@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,12 +45,12 @@ from typing import Any, Protocol
 import runner
 from runner import callgate
 from runner.gatelog import HEAD_BYTES, CappedLog, OutputPump
-from runner.results import GateResult, MetricCheck, check_thresholds
+from runner.procgroup import end_group
+from runner.results import GateResult
+from runner.verdict import judge
 
 LOG_TAIL_LINES = 60
 LOG_TAIL_BYTES = 8 * 1024
-_POLL_S = 0.05
-_KILL_WAIT_S = 2.0  # after SIGKILL: how long to wait for the group to disappear
 _PROGRESS_POLL_S = 0.25  # how often a running gate's progress file is read
 
 ARTIFACTS_ENV = "RUNNER_ARTIFACTS"
@@ -178,17 +177,17 @@ def run_gate(
             _wait(proc, timeout, gate.name, t0, files["progress"], on_progress)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _end_group(proc, grace_s)
+            end_group(proc, grace_s)
             pump.stop()
             _note(log, f"timed out after {timeout:g} s; its process group was ended")
         except BaseException:
-            _end_group(proc, grace_s)
+            end_group(proc, grace_s)
             pump.stop()
             _note(log, "interrupted; the gate's process group was ended")
             log.close()
             raise
         else:
-            leftover = _end_group(proc, grace_s)
+            leftover = end_group(proc, grace_s)
             pump.stop()
             if leftover:
                 _note(log, f"ended {leftover} process(es) the gate left running")
@@ -197,7 +196,7 @@ def run_gate(
             _note(log, f"the log keeps the first and last {HEAD_BYTES >> 20} MiB of the output")
         log.close()
 
-        return _judge(gate, proc.returncode, timed_out, timeout, files, result, artifacts)
+        return judge(gate, proc.returncode, timed_out, timeout, files, result, artifacts)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -392,176 +391,8 @@ def _read_artifacts(folder: Path, log) -> dict[str, str]:
     return artifacts
 
 
-def _end_group(proc: subprocess.Popen, grace_s: float) -> int:
-    """End every process of the gate's group; return how many were still running.
-
-    SIGTERM first, SIGKILL for what is left after ``grace_s``. The direct child is reaped
-    while waiting, so its zombie does not count as a member.
-    """
-    pgid = proc.pid  # start_new_session: the child leads its own group
-    proc.poll()
-    members = _group_members(pgid)
-    if not members:
-        return 0
-    _signal_group(pgid, signal.SIGTERM)
-    if not _wait_group_gone(pgid, proc, grace_s):
-        _signal_group(pgid, signal.SIGKILL)
-        _wait_group_gone(pgid, proc, _KILL_WAIT_S)
-    proc.poll()
-    return len(members)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _wait_group_gone(pgid: int, proc: subprocess.Popen, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while True:
-        proc.poll()
-        if not _group_members(pgid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_POLL_S)
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of group ``pgid``.
-
-    Reads ``/proc`` where it exists, because orphaned zombies are not always reaped in
-    containers and ``killpg(pgid, 0)`` counts them; elsewhere falls back to ``killpg``.
-    """
-    proc_dir = Path("/proc")
-    if not (proc_dir / "self" / "stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    members = []
-    for entry in os.scandir(proc_dir):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry.name))
-    return members
-
-
 def _note(log: CappedLog, text: str) -> None:
     log.write(f"\n[runner] {text}\n".encode())
-
-
-# --- judging --------------------------------------------------------------------------------
-
-
-def _judge(
-    gate: GateLike,
-    returncode: int,
-    timed_out: bool,
-    timeout: float | None,
-    files: Mapping[str, Path],
-    result: Callable[..., GateResult],
-    artifacts: dict[str, str] | None = None,
-) -> GateResult:
-    exit_code = returncode if returncode >= 0 else None
-    sig_name = _signal_name(-returncode) if returncode < 0 else None
-    metrics, metrics_problem = _read_metrics(files["metrics"])
-    expect = getattr(gate, "expect", None) or {}
-    checks = check_thresholds(expect, metrics) if metrics_problem is None else []
-    fields = {
-        "metrics": metrics,
-        "checks": checks,
-        "exit_code": exit_code,
-        "signal": sig_name,
-        "artifacts": artifacts or {},
-    }
-    status = callgate.read_status(files["status"]) if getattr(gate, "call", None) else None
-
-    if timed_out:
-        return result("FAIL", f"timed out after {timeout:g} s", **fields)
-    if status is not None and status[0] == callgate.STATUS_NOT_LOADED:
-        return result("ERROR", status[1], **fields)
-    if status is not None and status[0] in (callgate.STATUS_RAISED, callgate.STATUS_BAD_RETURN):
-        return result("FAIL", status[1], **fields)
-    if sig_name is not None:
-        return result("FAIL", f"killed by {_maybe_oom(sig_name)}", **fields)
-    if returncode != 0:
-        return result("FAIL", _exit_reason(gate, returncode), **fields)
-    if metrics_problem is not None:
-        return result("ERROR", metrics_problem, **fields)
-    failed = [check for check in checks if not check.ok]
-    if failed:
-        return result("FAIL", "; ".join(_check_reason(check) for check in failed), **fields)
-    return result("PASS", _pass_reason(checks), **fields)
-
-
-def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:
-    """The metrics a gate reported (``{}`` when it wrote none) and a problem, if any."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, UnicodeDecodeError) as exc:
-        return {}, f"metrics file unreadable: {exc}"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return {}, f"metrics file is not valid JSON ({exc.msg} at line {exc.lineno})"
-    if not isinstance(data, dict):
-        return {}, f"metrics file holds a JSON {type(data).__name__}, not an object"
-    bad = [key for key, value in data.items() if not _is_scalar(value)]
-    if bad:
-        return {}, (
-            f"metric(s) {', '.join(repr(k) for k in bad)} are not numbers, strings or booleans"
-        )
-    return data, None
-
-
-def _is_scalar(value: object) -> bool:
-    return value is None or isinstance(value, (bool, int, float, str))
-
-
-def _check_reason(check: MetricCheck) -> str:
-    return f"{check.metric}: {check.reason}"
-
-
-def _pass_reason(checks: list[MetricCheck]) -> str:
-    if not checks:
-        return "exited with code 0"
-    return f"exited with code 0; {len(checks)} threshold(s) met"
-
-
-def _exit_reason(gate: GateLike, returncode: int) -> str:
-    reason = f"exited with code {returncode}"
-    if getattr(gate, "run", None) and returncode > 128:
-        name = _signal_name(returncode - 128)
-        if name is not None:
-            reason += f" (the shell reports a command killed by {_maybe_oom(name)})"
-    return reason
-
-
-def _maybe_oom(sig_name: str) -> str:
-    """``SIGKILL (out of memory?)`` for SIGKILL: the runner only sends it after a timeout or
-    an interrupt (handled before), so the kernel's OOM killer is the likely sender."""
-    return f"{sig_name} (out of memory?)" if sig_name == "SIGKILL" else sig_name
-
-
-def _signal_name(number: int) -> str | None:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 # --- small helpers ----------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""Turn what a gate process did (exit status, status file, metrics file) into its outcome.
+
+Precedence: a timeout, then a callable that could not be loaded (ERROR) or raised (FAIL), then
+a signal, then a non-zero exit, then unreadable metrics (ERROR), then thresholds. A SIGKILL the
+runner did not send is reported as ``killed by SIGKILL (out of memory?)``: the runner sends it
+only after a timeout or an interrupt, so the kernel's out-of-memory killer is the usual sender.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from runner import callgate
+from runner.results import GateResult, MetricCheck, check_thresholds
+
+
+def judge(
+    gate: Any,
+    returncode: int,
+    timed_out: bool,
+    timeout: float | None,
+    files: Mapping[str, Path],
+    result: Callable[..., GateResult],
+    artifacts: dict[str, str] | None = None,
+) -> GateResult:
+    exit_code = returncode if returncode >= 0 else None
+    sig_name = _signal_name(-returncode) if returncode < 0 else None
+    metrics, metrics_problem = _read_metrics(files["metrics"])
+    expect = getattr(gate, "expect", None) or {}
+    checks = check_thresholds(expect, metrics) if metrics_problem is None else []
+    fields = {
+        "metrics": metrics,
+        "checks": checks,
+        "exit_code": exit_code,
+        "signal": sig_name,
+        "artifacts": artifacts or {},
+    }
+    status = callgate.read_status(files["status"]) if getattr(gate, "call", None) else None
+
+    if timed_out:
+        return result("FAIL", f"timed out after {timeout:g} s", **fields)
+    if status is not None and status[0] == callgate.STATUS_NOT_LOADED:
+        return result("ERROR", status[1], **fields)
+    if status is not None and status[0] in (callgate.STATUS_RAISED, callgate.STATUS_BAD_RETURN):
+        return result("FAIL", status[1], **fields)
+    if sig_name is not None:
+        return result("FAIL", f"killed by {_maybe_oom(sig_name)}", **fields)
+    if returncode != 0:
+        return result("FAIL", _exit_reason(gate, returncode), **fields)
+    if metrics_problem is not None:
+        return result("ERROR", metrics_problem, **fields)
+    failed = [check for check in checks if not check.ok]
+    if failed:
+        return result("FAIL", "; ".join(_check_reason(check) for check in failed), **fields)
+    return result("PASS", _pass_reason(checks), **fields)
+
+
+def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The metrics a gate reported (``{}`` when it wrote none) and a problem, if any."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, f"metrics file unreadable: {exc}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {}, f"metrics file is not valid JSON ({exc.msg} at line {exc.lineno})"
+    if not isinstance(data, dict):
+        return {}, f"metrics file holds a JSON {type(data).__name__}, not an object"
+    bad = [key for key, value in data.items() if not _is_scalar(value)]
+    if bad:
+        return {}, (
+            f"metric(s) {', '.join(repr(k) for k in bad)} are not numbers, strings or booleans"
+        )
+    return data, None
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _check_reason(check: MetricCheck) -> str:
+    return f"{check.metric}: {check.reason}"
+
+
+def _pass_reason(checks: list[MetricCheck]) -> str:
+    if not checks:
+        return "exited with code 0"
+    return f"exited with code 0; {len(checks)} threshold(s) met"
+
+
+def _exit_reason(gate: Any, returncode: int) -> str:
+    reason = f"exited with code {returncode}"
+    if getattr(gate, "run", None) and returncode > 128:
+        name = _signal_name(returncode - 128)
+        if name is not None:
+            reason += f" (the shell reports a command killed by {_maybe_oom(name)})"
+    return reason
+
+
+def _maybe_oom(sig_name: str) -> str:
+    """``SIGKILL (out of memory?)`` for SIGKILL: the runner only sends it after a timeout or
+    an interrupt (handled before), so the kernel's OOM killer is the likely sender."""
+    return f"{sig_name} (out of memory?)" if sig_name == "SIGKILL" else sig_name
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
