@@ -7,9 +7,8 @@ after its output has been checked against the fp32 oracle. Ceilings are measured
 same process. Rows are classed by packed rows ``H*T``: memory-bound (<= 64), compute-bound
 (>= 256), mid otherwise.
 
-``time_us`` (and so ``frac``) is the planned call a serving engine makes per layer: when the
-kernel package has ``MLAVerifyWrapper``, ``plan()`` runs once per row outside the timing and
-``run(out=)`` is captured in a CUDA graph whose replay is timed (device time, as an engine under
+``time_us`` (and so ``frac``) is the planned call a serving engine makes per layer:
+``MLAVerifyWrapper.plan()`` runs once per row outside the timing and ``run(out=)`` is captured in a CUDA graph whose replay is timed (device time, as an engine under
 graph capture pays it); ``call_us`` is the one-call ``mla_verify_attention`` run eagerly,
 including its host-side planning, reported next to it.
 
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from kernel.mla_verify import MLAVerifyWrapper
 from kernel.reference import mla_verify_reference
 from phases.kernel.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 from phases.kernel.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
@@ -418,16 +418,9 @@ def planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], object]:
     in a CUDA graph and replayed per call, as an engine running under graph capture does.
 
     Replay times the device work alone; host launch overhead (tens of microseconds, and noisy
-    on a shared host) would otherwise dominate the short rows. Falls back to the one-call
-    ``mla_verify_attention`` when the kernel package has no wrapper.
+    on a shared host) would otherwise dominate the short rows.
     """
     q = inputs["q"]
-    try:
-        from kernel.mla_verify import MLAVerifyWrapper
-    except ImportError:
-        from kernel import mla_verify_attention
-
-        return lambda: mla_verify_attention(**inputs, out=out)
     wrapper = MLAVerifyWrapper(q.device)
     wrapper.plan(
         inputs["qo_indptr"], inputs["kv_indptr"], num_heads=q.shape[1], head_dim=q.shape[2],

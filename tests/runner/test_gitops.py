@@ -10,6 +10,7 @@ import pytest
 
 from runner.errors import GitError
 from runner.gitops import CheckpointRepo
+from tests.runner.repo_fixtures import git, write
 
 
 @pytest.fixture(autouse=True)
@@ -20,19 +21,6 @@ def isolated_git(monkeypatch, tmp_path):
     for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
                 "GIT_COMMITTER_EMAIL", "EMAIL", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(var, raising=False)
-
-
-def git(root: Path, *args: str, check: bool = True) -> str:
-    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"git {' '.join(args)}: {proc.stderr}")
-    return proc.stdout
-
-
-def write(root: Path, rel: str, text: str) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def new_repo(root: Path, *, identity: bool = True, commit: bool = True) -> Path:
