@@ -1,8 +1,19 @@
 """What machine a run happened on, and whether two machines' timings are comparable.
 
-The torch / triton / CUDA probe runs in a child interpreter (``sys.executable -c ...``) so a
-broken CUDA stack, a driver hang or a segfault in an extension is a missing field in the
-record, never a crash of the runner. The probe result is cached for the life of the process.
+Decisions:
+
+- Nothing here imports torch or triton into the runner. Package versions come from the
+  installed distributions' metadata (``importlib.metadata``), read by a small child interpreter
+  (``sys.executable -c ...``), so a project without torch pays nothing and reports nothing.
+- CUDA is asked only where it can answer: when torch is installed *and* an NVIDIA driver is
+  present (``/proc/driver/nvidia/version`` or ``nvidia-smi``). Only then does the child import
+  torch and allocate one element on the GPU, which decides the ``cuda`` device. A broken CUDA
+  stack, a driver hang or a segfault in an extension is a missing field in the record, never
+  a crash of the runner.
+- The CUDA version torch was built for is read from torch's ``version.py`` source, without
+  importing torch.
+- The probe runs only in commands that run gates (``gate``, ``advance``) and is cached for the
+  life of the process.
 
 ``RUNNER_DEVICES`` (a comma list such as ``cpu,cuda``) overrides the detected devices; it is
 read on every call, so tests and operators can force a device set after the first probe.
@@ -26,26 +37,46 @@ DEVICES_ENV = "RUNNER_DEVICES"
 
 # Runs in a child interpreter; prints one JSON object on its last stdout line.
 _PROBE_SCRIPT = r"""
-import json
-info = {"torch": None, "cuda": None, "triton": None, "gpu_name": None, "gpu_count": 0,
-        "cuda_usable": False}
-try:
-    import torch
-    info["torch"] = torch.__version__.split("+")[0]
-    info["cuda"] = torch.version.cuda
-    if torch.cuda.is_available():
-        info["gpu_count"] = torch.cuda.device_count()
-        info["gpu_name"] = torch.cuda.get_device_name(0)
-        torch.zeros(1, device="cuda").add_(1)
-        torch.cuda.synchronize()
-        info["cuda_usable"] = True
-except Exception:
-    pass
-try:
-    import triton
-    info["triton"] = triton.__version__
-except Exception:
-    pass
+import ast, importlib.metadata, importlib.util, json, os, shutil
+
+def version(name):
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+        return importlib.metadata.version(name).split("+")[0]
+    except Exception:
+        return None
+
+def built_cuda():
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse(open(os.path.join(folder, "version.py"), encoding="utf-8").read())
+        except Exception:
+            continue
+        for node in tree.body:
+            target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+            if getattr(target, "id", None) == "cuda" and isinstance(node.value, ast.Constant):
+                return node.value.value
+    return None
+
+info = {"torch": version("torch"), "triton": version("triton"), "cuda": None, "gpu_name": None,
+        "gpu_count": 0, "cuda_usable": False}
+driver = os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+if info["torch"] is not None:
+    info["cuda"] = built_cuda()
+    if driver:
+        try:
+            import torch
+            info["cuda"] = torch.version.cuda
+            if torch.cuda.is_available():
+                info["gpu_count"] = torch.cuda.device_count()
+                info["gpu_name"] = torch.cuda.get_device_name(0)
+                torch.zeros(1, device="cuda").add_(1)
+                torch.cuda.synchronize()
+                info["cuda_usable"] = True
+        except Exception:
+            pass
 print(json.dumps(info))
 """
 
@@ -84,6 +115,15 @@ class MachineInfo(BaseModel):
         fields = {name: getattr(self, name) for name in _COMPARABLE_FIELDS}
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+    def software(self) -> str:
+        """``python 3.11.7, torch 2.5.1, CUDA 12.4``: only the parts this machine has."""
+        parts = [f"python {self.python}"]
+        for label, value in (("torch", self.torch), ("triton", self.triton), ("CUDA", self.cuda),
+                             ("driver", self.driver)):
+            if value:
+                parts.append(f"{label} {value}")
+        return ", ".join(parts)
 
     def has_device(self, device: str) -> bool:
         """Whether ``device`` (``"cpu"``, ``"cuda"``) is available on this machine."""

@@ -71,3 +71,19 @@ def test_probe_real_machine_cached_and_overridden(monkeypatch):
     monkeypatch.setenv("RUNNER_DEVICES", "cpu")
     assert probe_machine().devices == ["cpu"]
     assert machine._cached_probe.cache_info().misses == 1
+
+
+def test_probe_without_torch_reports_no_torch(tmp_path):
+    bare = tmp_path / "bare-python"  # the same interpreter without site-packages: no torch, no triton
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    info = machine._probe(python=str(bare), timeout_s=30)
+    assert (info.torch, info.triton, info.cuda, info.devices) == (None, None, None, ["cpu"])
+    assert "torch" not in info.software() and "triton" not in info.software()
+    assert info.software() == f"python {info.python}"
+
+
+def test_software_lists_only_what_is_installed():
+    assert MachineInfo(**BASE).software() == "python 3.11.7, torch 2.5.1, triton 3.1.0, CUDA 12.4, driver 550.54"
+    bare = MachineInfo(**BASE | {"torch": None, "triton": None, "cuda": None, "driver": None})
+    assert bare.software() == "python 3.11.7"
