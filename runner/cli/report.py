@@ -19,8 +19,8 @@ def report(
     ] = None,
 ) -> None:
     """Write one static HTML page for the plan: the phases as a timeline with their
-    checkpoints, each phase's latest gate results, and plots of the benchmark sweep and the
-    headline metrics across runs. It needs no server or network to read.
+    checkpoints, each phase's latest gate results, and plots of what the gates declared
+    (``*.plot.json`` artifacts) and of the headline metrics across runs. It needs no server or network to read.
     """
     with domain_errors():
         ws = workspace(plan)
