@@ -43,15 +43,14 @@ from runner.report import (
     TOOL,
     ReportContext,
     headline_metrics,
-    iso_time,
     new_run_id,
     run_folder,
-    utc_now,
     write_report,
 )
 from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds
 from runner.rewrite import PhaseUpdate, render_updates, write_atomic
 from runner.schema import Checkpoint, Phase, PhaseStatus
+from runner.timeutil import iso_time, utc_now
 
 
 @dataclass
@@ -118,13 +117,7 @@ def _interrupted_gates(steps: list[GateStep], finished: list[GateResult]) -> lis
             "interrupted (SIGINT or SIGTERM) while it ran; its process group was ended, its log kept"
             if running else "not run: the run was interrupted"
         )
-        gates.append(
-            GateResult(
-                name=step.gate.name, kind=step.gate.kind, outcome="ERROR" if running else "SKIPPED",
-                reason=reason, metrics={}, checks=[], started=iso_time(utc_now()), duration_s=0.0,
-                exit_code=None, signal=None, log=None, log_tail="",
-            )
-        )
+        gates.append(GateResult.not_run(step.gate, "ERROR" if running else "SKIPPED", reason))
     return gates
 
 

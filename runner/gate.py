@@ -30,8 +30,9 @@ from runner.machine import MachineInfo
 from runner.planfile import PlanDocument, find_plan, load_plan
 from runner.planning import GateStep, plan_run
 from runner.preflight import check_calls
-from runner.report import REPORTS_DIR, TOOL, iso_time, new_run_id, utc_now
+from runner.report import REPORTS_DIR, TOOL, new_run_id
 from runner.results import GateResult, Outcome, PhaseResults, ResultsFile, combine_outcomes
+from runner.timeutil import iso_time, utc_now
 from runner.schema import Phase, Plan
 
 ResultFn = Callable[[str, GateResult], None]

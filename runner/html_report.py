@@ -20,11 +20,12 @@ from runner.gate import Workspace
 from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs, short
 from runner.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.protocol import PLOT_SUFFIX
-from runner.report import TOOL, format_metric, headline_metrics, iso_time, utc_now
+from runner.report import TOOL, format_metric, headline_metrics
 from runner.results import GateResult
 from runner.schema import Phase
 from runner.status import PhaseView, plan_status
 from runner.templating import template_env
+from runner.timeutil import iso_time, utc_now
 
 TEMPLATE = "index.html.j2"
 DEFAULT_OUT = Path("reports") / "index.html"

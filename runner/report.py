@@ -17,6 +17,7 @@ import runner
 from runner.results import GateResult, PhaseResults, ResultsFile
 from runner.schema import Phase, Plan
 from runner.templating import template_env
+from runner.timeutil import utc_now
 
 REPORTS_DIR = "reports"
 TEMPLATE = "report.md.j2"
@@ -40,15 +41,6 @@ class ReportContext:
     base: str | None = None
     source: str = "local run"
     notes: list[str] = field(default_factory=list)
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def iso_time(moment: datetime) -> str:
-    """``2026-11-29T23:50:00Z``."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def new_run_id(fingerprint: str, moment: datetime | None = None) -> str:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from runner.errors import ResultsError
 from runner.machine import MachineInfo
+from runner.timeutil import iso_ms
 
 if TYPE_CHECKING:
     from runner.thresholds import Threshold
@@ -74,6 +75,25 @@ class GateResult(BaseModel):
     log: str | None
     log_tail: str
     artifacts: dict[str, str] = {}
+
+    @classmethod
+    def not_run(cls, gate: object, outcome: Outcome, reason: str) -> GateResult:
+        """A result with no process behind it (``BLOCKED``, ``SKIPPED``, or an ``ERROR`` before
+        start); ``gate`` is anything with ``name`` and ``kind``."""
+        return cls(
+            name=gate.name,
+            kind=gate.kind,
+            outcome=outcome,
+            reason=reason,
+            metrics={},
+            checks=[],
+            started=iso_ms(),
+            duration_s=0.0,
+            exit_code=None,
+            signal=None,
+            log=None,
+            log_tail="",
+        )
 
 
 class PhaseResults(BaseModel):

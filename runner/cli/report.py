@@ -20,7 +20,7 @@ def report(
 ) -> None:
     """Write one static HTML page for the plan: the phases as a timeline with their
     checkpoints, each phase's latest gate results, and plots of what the gates declared
-    (``*.plot.json`` artifacts) and of the headline metrics across runs. It needs no server or network to read.
+    (*.plot.json artifacts) and of the headline metrics across runs. It needs no server or network to read.
     """
     with domain_errors():
         ws = workspace(plan)
