@@ -34,6 +34,7 @@ from runner.gate import (
     probe,
     run_phase,
 )
+from runner.formatting import format_metric
 from runner.gitops import CheckpointRepo
 from runner.lock import repo_lock
 from runner.preflight import check_calls
@@ -48,7 +49,7 @@ from runner.report import (
     write_report,
 )
 from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds
-from runner.rewrite import PhaseUpdate, render_updates, write_atomic
+from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
 from runner.schema import Checkpoint, Phase, PhaseStatus
 from runner.timeutil import iso_time, utc_now
 
@@ -269,7 +270,7 @@ def _checkpoint(
     try:
         sha = repo.checkpoint(paths, message, tag, message.split("\n", 1)[0])
     except BaseException as exc:
-        write_atomic(ws.plan_path, old_bytes.decode("utf-8"))
+        write_plan_text(ws.plan_path, old_bytes.decode("utf-8"))
         if isinstance(exc, GitError):
             raise GitError(f"the checkpoint commit failed, so the plan was left as it was: {exc}") from exc
         raise
@@ -291,7 +292,7 @@ def commit_message(
     summary = ", ".join(f"{gate.name} {gate.outcome}" for gate in gates)
     lines = [f"{plan_id}/{phase.id}: checkpoint ({summary})", ""]
     if metrics:
-        lines += [f"{name}: {_metric_text(value)}" for name, value in metrics.items()]
+        lines += [f"{name}: {format_metric(value, digits=6)}" for name, value in metrics.items()]
         lines.append("")
     where = machine.gpu_name or "no GPU"
     lines += [
@@ -351,7 +352,7 @@ def _phase_gates(results: ResultsFile, phase_id: str) -> list[GateResult]:
 def _write_plan(ws: Workspace, updates: dict[str, PhaseUpdate]) -> None:
     text = render_updates(ws.doc, updates)
     if text != ws.doc.text:
-        write_atomic(ws.plan_path, text)
+        write_plan_text(ws.plan_path, text)
 
 
 def _existing_paths(root: Path, paths: list[str]) -> list[str]:
@@ -374,8 +375,3 @@ def _tracked(root: Path, rel: str) -> bool:
     )
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
-
-def _metric_text(value: object) -> str:
-    if isinstance(value, float):
-        return format(value, ".6g")
-    return str(value)

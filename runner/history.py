@@ -120,11 +120,6 @@ def describe_machine(machine: MachineInfo) -> str:
     return f"{machine.hostname}: {gpu}"
 
 
-def short(fingerprint: str) -> str:
-    """The first 8 hex digits of a ``sha256:`` fingerprint."""
-    return fingerprint.split(":", 1)[-1][:8]
-
-
 def display_path(path: Path, root: Path | None) -> str:
     """``path`` relative to ``root`` when inside it (POSIX), else as given."""
     if root is not None:

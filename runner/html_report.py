@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.gate import Workspace
-from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs, short
+from runner.formatting import format_metric, short
+from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs
 from runner.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.protocol import PLOT_SUFFIX
-from runner.report import TOOL, format_metric, headline_metrics
+from runner.report import TOOL, headline_metrics
 from runner.results import GateResult
 from runner.schema import Phase
 from runner.status import PhaseView, plan_status

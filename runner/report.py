@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import runner
+from runner.formatting import MARKDOWN_FILTERS, format_metric, table_cell
 from runner.results import GateResult, PhaseResults, ResultsFile
 from runner.schema import Phase, Plan
 from runner.templating import template_env
@@ -122,20 +123,6 @@ def headline_metrics(phase: Phase, gates: list[GateResult]) -> dict[str, bool | 
                 found[name] = value
                 break
     return found
-
-
-def format_metric(value: object) -> str:
-    if isinstance(value, float):
-        return format(value, ".4g")
-    return str(value)
-
-
-def table_cell(value: object) -> str:
-    """A value made safe for one Markdown table cell."""
-    return " ".join(str(value).split()).replace("|", "\\|")
-
-
-MARKDOWN_FILTERS = {"cell": table_cell, "metric": format_metric}
 
 
 def _phase_results(results: ResultsFile, phase_id: str) -> PhaseResults:

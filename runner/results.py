@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.machine import MachineInfo
 from runner.timeutil import iso_ms
@@ -139,7 +138,7 @@ class ResultsFile(BaseModel):
     def dump(self, path: Path) -> None:
         """Write the file as indented JSON, atomically (temp file in the same folder, rename)."""
         text = json.dumps(self.model_dump(mode="python"), indent=2, allow_nan=True) + "\n"
-        _write_atomic(Path(path), text)
+        write_atomic(Path(path), text, make_parents=True)
 
     @classmethod
     def load(cls, path: Path) -> ResultsFile:
@@ -242,18 +241,3 @@ def _as_metric_value(value: object) -> MetricValue:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

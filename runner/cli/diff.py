@@ -9,11 +9,10 @@ from typing import Annotated
 import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors, workspace
-from runner.cli.history import text_columns
 from runner.errors import ExitCode
+from runner.formatting import format_metric, text_columns
 from runner.history import resolve_run
 from runner.metrics_diff import MetricDelta, diff_runs
-from runner.report import format_metric
 
 REF_HELP = "A run id (or its start), a results.json or run folder path, or a PLAN/PHASE checkpoint tag."
 

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors, workspace
-from runner.history import describe_machine, find_runs, plan_checkpoints, short
+from runner.formatting import short, text_columns
+from runner.history import describe_machine, find_runs, plan_checkpoints
 
 
 def history(
@@ -60,7 +61,3 @@ def history(
         lines.append(f"skipped: {problem}")
     typer.echo("\n".join(lines))
 
-
-def text_columns(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]

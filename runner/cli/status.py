@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from runner.cli._common import PLAN_HELP, domain_errors, stdout_console, workspace
-from runner.report import format_metric
+from runner.formatting import format_metric
 from runner.status import StatusView, plan_status
 
 
