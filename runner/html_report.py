@@ -16,17 +16,18 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.gate import Workspace
 from runner.formatting import format_metric, short
 from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs
 from runner.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.protocol import PLOT_SUFFIX
-from runner.report import TOOL, headline_metrics
+from runner.report import headline_metrics
 from runner.results import GateResult
+from runner.runs import TOOL
 from runner.schema import Phase
 from runner.status import PhaseView, plan_status
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
+from runner.workspace import Workspace
 
 TEMPLATE = "index.html.j2"
 DEFAULT_OUT = Path("reports") / "index.html"

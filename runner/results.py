@@ -135,6 +135,13 @@ class ResultsFile(BaseModel):
     machine: MachineInfo
     phases: list[PhaseResults]
 
+    def phase(self, phase_id: str) -> PhaseResults:
+        """The results of phase ``phase_id``; ``ValueError`` when the file holds none."""
+        for phase_results in self.phases:
+            if phase_results.phase == phase_id:
+                return phase_results
+        raise ValueError(f"results hold no phase {phase_id!r}")
+
     def dump(self, path: Path) -> None:
         """Write the file as indented JSON, atomically (temp file in the same folder, rename)."""
         text = json.dumps(self.model_dump(mode="python"), indent=2, allow_nan=True) + "\n"

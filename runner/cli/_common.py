@@ -13,8 +13,8 @@ from rich.live import Live
 from rich.text import Text
 
 from runner.errors import ExitCode, RunnerError
-from runner.gate import Workspace, open_workspace
 from runner.results import GateResult
+from runner.workspace import Workspace, open_workspace
 
 EXIT_CODES_EPILOG = (
     "Exit codes: 0 all passed; 1 a gate failed; 2 usage or plan error; "

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from runner.cli._common import PLAN_HELP, GateOutput, domain_errors, workspace
-from runner.gate import check_phases, interrupt_on_sigterm
+from runner.gate import check_phases
+from runner.runs import interrupt_on_sigterm
 
 
 def gate(

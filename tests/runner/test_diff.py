@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from runner.gate import open_workspace
+from runner.workspace import open_workspace
 from runner.history import resolve_run
 from runner.metrics_diff import compare_metric, diff_runs
 from runner.schema import Gate

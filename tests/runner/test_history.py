@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runner.errors import UsageError
-from runner.gate import open_workspace
+from runner.workspace import open_workspace
 from runner.history import find_runs, latest_runs, resolve_run
 from tests.runner.repo_fixtures import (
     cli,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.gate import open_workspace
+from runner.workspace import open_workspace
 from runner.html_report import render_html_report, write_html_report
 from runner.report import ReportContext, render_report
 from runner.results import ResultsFile
