@@ -1,5 +1,6 @@
 """``runner report``: the plan's HTML page, its plots, and every template rendered on the real
-H200 kernel run in ``reports/mla-verify/kernel/``; the page is opened in headless chromium."""
+H200 kernel run of the sample project (``tests/runner/data/sample/``); the page is opened in
+headless chromium."""
 
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ from runner.results import ResultsFile
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
     snapshot,
 )
-from tests.runner.run_samples import REAL_RESULTS, REAL_RUN, ROOT, check_run, gate_result, results, write_run
+from tests.runner.run_samples import REAL_RESULTS, REAL_RUN, check_run, sample_workspace
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -32,9 +32,9 @@ CHROMIUM_FLAGS = [
 
 @pytest.fixture(scope="module")
 def shipped_page(tmp_path_factory) -> tuple[Path, str]:
-    """The shipped plan's page, written outside the tree (links then climb back into it)."""
+    """The sample plan's page, written outside the tree (links then climb back into it)."""
     out = tmp_path_factory.mktemp("page") / "index.html"
-    write_html_report(open_workspace(None, cwd=ROOT), out)
+    write_html_report(sample_workspace(), out)
     return out, out.read_text()
 
 
@@ -81,7 +81,7 @@ def test_report_defaults_to_reports_index(tmp_path, runner_env):
 
 
 def test_run_report_markdown_on_the_real_run():
-    ws = open_workspace(None, cwd=ROOT)
+    ws = sample_workspace()
     results = ResultsFile.load(REAL_RESULTS)
     phase = ws.plan.phase("kernel")
     text = render_report(results, ReportContext(plan=ws.plan, phase=phase, outcome="FAIL"), run_dir=REAL_RUN)

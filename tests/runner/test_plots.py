@@ -10,7 +10,7 @@ import pytest
 
 from runner import gatekit
 from runner.plots import declared_plot, read_plot_document
-from tests.runner.repo_fixtures import PY, cli, gate, make_repo, runner_env, write  # noqa: F401 - fixture
+from tests.runner.repo_fixtures import PY, cli, gate, make_repo, write
 from tests.runner.run_samples import ROOT
 
 LATENCY = gatekit.plot_document(
