@@ -125,10 +125,6 @@ class MachineInfo(BaseModel):
                 parts.append(f"{label} {value}")
         return ", ".join(parts)
 
-    def has_device(self, device: str) -> bool:
-        """Whether ``device`` (``"cpu"``, ``"cuda"``) is available on this machine."""
-        return device in self.devices
-
 
 def probe_machine(timeout_s: float = 60) -> MachineInfo:
     """Describe this machine; the probe runs once per process, ``RUNNER_DEVICES`` every call."""
@@ -137,11 +133,6 @@ def probe_machine(timeout_s: float = 60) -> MachineInfo:
     if override is not None:
         info = info.model_copy(update={"devices": override})
     return info
-
-
-def clear_probe_cache() -> None:
-    """Forget the cached probe (the next ``probe_machine`` call probes again)."""
-    _cached_probe.cache_clear()
 
 
 def parse_devices(text: str | None) -> list[str] | None:

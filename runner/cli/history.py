@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
-from runner.cli._common import PLAN_HELP, domain_errors, workspace
+from runner.cli._common import PLAN_HELP, domain_errors
 from runner.formatting import short, text_columns
 from runner.history import describe_machine, find_runs, plan_checkpoints
+from runner.workspace import open_workspace
 
 
 def history(
@@ -24,7 +25,7 @@ def history(
     from reports/PLAN/PHASE/RUN/results.json, and the phases' checkpoints.
     """
     with domain_errors():
-        ws = workspace(plan)
+        ws = open_workspace(plan)
         if phase is not None:
             ws.plan.phase(phase)  # an unknown phase is a usage error naming the known ones
         scan = find_runs(ws.root, ws.plan.id, phase)

@@ -55,12 +55,12 @@ def _expected_plan(plan: Plan, updates: dict[str, PhaseUpdate]) -> Plan:
 
 def test_status_change_keeps_comment_and_spacing(tmp_path: Path) -> None:
     doc = _doc(tmp_path, MARKDOWN_PLAN)
-    text = render_updates(doc, {"one": PhaseUpdate("in-progress")})
+    text = render_updates(doc, {"one": PhaseUpdate("blocked")})
     before, after = MARKDOWN_PLAN.split(STATUS_BEGIN)
     new_before, new_after = text.split(STATUS_BEGIN)
-    assert new_before == before.replace("status: pending   #", "status: in-progress   #")
+    assert new_before == before.replace("status: pending   #", "status: blocked   #")
     assert new_after.split(STATUS_END)[1] == after.split(STATUS_END)[1]
-    assert "| one | First phase | in-progress |" in new_after
+    assert "| one | First phase | blocked |" in new_after
 
 
 def test_missing_status_is_inserted_after_the_id_line(tmp_path: Path) -> None:
@@ -73,10 +73,10 @@ def test_missing_status_is_inserted_after_the_id_line(tmp_path: Path) -> None:
 def test_crlf_is_kept_everywhere(tmp_path: Path) -> None:
     crlf = MARKDOWN_PLAN.replace("\n", "\r\n")
     doc = _doc(tmp_path, crlf)
-    text = render_updates(doc, {"one": PhaseUpdate("complete", CHECKPOINT), "two": PhaseUpdate("in-progress")})
+    text = render_updates(doc, {"one": PhaseUpdate("complete", CHECKPOINT), "two": PhaseUpdate("blocked")})
     assert "\n" not in text.replace("\r\n", "")
     assert "    status: complete   # written by the runner\r\n    checkpoint:\r\n      tag: demo/one\r\n" in text
-    assert "  - id: two\r\n    status: in-progress\r\n" in text
+    assert "  - id: two\r\n    status: blocked\r\n" in text
 
 
 def test_checkpoint_is_inserted_after_the_status_line(tmp_path: Path) -> None:
