@@ -16,13 +16,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import runner
 from runner.formatting import format_metric, short
 from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs
 from runner.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.protocol import PLOT_SUFFIX
 from runner.report import headline_metrics
 from runner.results import GateResult
-from runner.runs import TOOL
 from runner.schema import Phase
 from runner.status import PhaseView, plan_status
 from runner.templating import template_env
@@ -70,7 +70,7 @@ def render_html_report(ws: Workspace, out: Path) -> str:
         sections=sections,
         skipped=scan.skipped,
         generated=iso_time(utc_now()),
-        tool=TOOL,
+        tool=runner.TOOL,
         describe_machine=describe_machine,
     )
 

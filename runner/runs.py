@@ -26,8 +26,6 @@ from runner.schema import Phase
 from runner.timeutil import iso_time, utc_now
 from runner.workspace import REPORTS_DIR, Workspace, safe_name
 
-TOOL = f"mla-gate runner {runner.__version__}"
-
 ResultFn = Callable[[str, GateResult], None]
 """Called with (phase id, result) as soon as each gate's result is known."""
 
@@ -78,7 +76,7 @@ class RunContext:
     def results(self, ws: Workspace, phases: list[PhaseResults]) -> ResultsFile:
         """The run's results file holding ``phases``."""
         return ResultsFile(
-            tool=TOOL,
+            tool=runner.TOOL,
             plan_id=ws.plan.id,
             plan_path=ws.plan_rel,
             run_id=self.run_id,
