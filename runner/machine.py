@@ -10,6 +10,8 @@ Decisions:
   torch and allocate one element on the GPU, which decides the ``cuda`` device. A broken CUDA
   stack, a driver hang or a segfault in an extension is a missing field in the record, never
   a crash of the runner.
+- Without torch (a project whose gates use CUDA some other way), the GPUs ``nvidia-smi``
+  lists decide the ``cuda`` device, with their name and driver.
 - The CUDA version torch was built for is read from torch's ``version.py`` source, without
   importing torch.
 - The probe runs only in commands that run gates (``gate``, ``advance``) and is cached for the
@@ -154,6 +156,10 @@ def _cached_probe(timeout_s: float) -> MachineInfo:
 def _probe(*, python: str, timeout_s: float) -> MachineInfo:
     """Build a ``MachineInfo`` by running the probe under ``python``; never raises."""
     found = _run_probe_script(python, timeout_s)
+    if found.get("torch") is None:
+        gpus = _nvidia_gpus()
+        if gpus:
+            found = {**found, "cuda_usable": True, "gpu_count": len(gpus), "gpu_name": gpus[0][0]}
     devices = ["cpu", "cuda"] if found.get("cuda_usable") else ["cpu"]
     return MachineInfo(
         hostname=socket.gethostname(),
@@ -194,12 +200,18 @@ def _run_probe_script(python: str, timeout_s: float) -> dict:
 
 
 def _nvidia_driver() -> str | None:
+    gpus = _nvidia_gpus()
+    return gpus[0][1] if gpus else None
+
+
+def _nvidia_gpus() -> list[tuple[str, str | None]]:
+    """``(name, driver)`` of every GPU ``nvidia-smi`` lists; ``[]`` without it or on any error."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return None
+        return []
     try:
         proc = subprocess.run(
-            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -207,11 +219,15 @@ def _nvidia_driver() -> str | None:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        return None
-    return lines[0].strip() or None
+        return []
+    if proc.returncode != 0:
+        return []
+    gpus = []
+    for line in proc.stdout.strip().splitlines():
+        name, _, driver = line.rpartition(",")
+        if name.strip():
+            gpus.append((name.strip(), driver.strip() or None))
+    return gpus
 
 
 def _str_or_none(value: object) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -87,3 +88,20 @@ def test_software_lists_only_what_is_installed():
     assert MachineInfo(**BASE).software() == "python 3.11.7, torch 2.5.1, triton 3.1.0, CUDA 12.4, driver 550.54"
     bare = MachineInfo(**BASE | {"torch": None, "triton": None, "cuda": None, "driver": None})
     assert bare.software() == "python 3.11.7"
+
+
+def test_without_torch_the_gpus_nvidia_smi_lists_decide_cuda(tmp_path, monkeypatch):
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H200, 570.1\\nNVIDIA H200, 570.1\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    info = machine._probe(python=str(bare), timeout_s=30)
+    assert info.devices == ["cpu", "cuda"] and info.torch is None
+    assert (info.gpu_name, info.gpu_count, info.driver) == ("NVIDIA H200", 2, "570.1")
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert machine._probe(python=str(bare), timeout_s=30).devices == ["cpu"]
