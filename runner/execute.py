@@ -13,7 +13,7 @@ running, and the runner stops reading its output once the gate is over.
 A gate killed by SIGKILL that the runner did not send is reported as ``killed by SIGKILL (out
 of memory?)``: the kernel's out-of-memory killer is the usual sender.
 
-The gate's ``PYTHONPATH`` starts with the repository root (so ``phases``, ``kernel`` and
+The gate's ``PYTHONPATH`` starts with the repository root (so the project's own packages and
 ``runner`` import), followed by the folder this ``runner`` package was loaded from when that
 is elsewhere (so a callable gate runs this runner's ``runner.callgate``).
 
