@@ -7,3 +7,5 @@ and makes a git checkpoint when every gate passes.
 """
 
 __version__ = "0.1.0"
+TOOL = f"mla-gate runner {__version__}"
+"""How results files and reports name the tool that wrote them."""

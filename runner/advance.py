@@ -19,39 +19,32 @@ SIGTERM) during the gates leaves the plan as it was.
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner import machine as machine_probe
 from runner.errors import ExitCode, GitError, ResultsError
 from runner.execute import ProgressFn
-from runner.gate import (
+from runner.formatting import format_metric
+from runner.gitops import CheckpointRepo
+from runner.lock import repo_lock
+from runner.machine import MachineInfo
+from runner.planning import GateStep, next_phase, plan_run
+from runner.preflight import check_calls
+from runner.report import ReportContext, headline_metrics, write_report
+from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds
+from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
+from runner.runs import (
     ResultFn,
-    Workspace,
+    RunContext,
     exit_code_for,
     finish_elsewhere_hint,
     interrupt_on_sigterm,
-    probe,
     run_phase,
 )
-from runner.gitops import CheckpointRepo
-from runner.lock import repo_lock
-from runner.preflight import check_calls
-from runner.machine import MachineInfo
-from runner.planning import GateStep, next_phase, plan_run
-from runner.report import (
-    TOOL,
-    ReportContext,
-    headline_metrics,
-    iso_time,
-    new_run_id,
-    run_folder,
-    utc_now,
-    write_report,
-)
-from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds
-from runner.rewrite import PhaseUpdate, render_updates, write_atomic
 from runner.schema import Checkpoint, Phase, PhaseStatus
+from runner.timeutil import iso_time, utc_now
+from runner.workspace import Workspace
 
 
 @dataclass
@@ -118,13 +111,7 @@ def _interrupted_gates(steps: list[GateStep], finished: list[GateResult]) -> lis
             "interrupted (SIGINT or SIGTERM) while it ran; its process group was ended, its log kept"
             if running else "not run: the run was interrupted"
         )
-        gates.append(
-            GateResult(
-                name=step.gate.name, kind=step.gate.kind, outcome="ERROR" if running else "SKIPPED",
-                reason=reason, metrics={}, checks=[], started=iso_time(utc_now()), duration_s=0.0,
-                exit_code=None, signal=None, log=None, log_tail="",
-            )
-        )
+        gates.append(GateResult.not_run(step.gate, "ERROR" if running else "SKIPPED", reason))
     return gates
 
 
@@ -155,7 +142,7 @@ def _dry_run(ws: Workspace, phase: Phase, results_path: Path | None, machine: Ma
     if results_path is not None:
         lines.append(f"would check {results_path} against the tree and checkpoint {phase.id}")
     else:
-        machine = machine or probe()
+        machine = machine or machine_probe.probe_machine()
         for step in plan_run(phase, frozenset(machine.devices)):
             what = "run" if step.action == "run" else f"blocked: {step.reason}"
             lines.append(f"  {step.gate.kind:<9} {step.gate.name}: {what}")
@@ -179,16 +166,12 @@ def _advance_locked(
     steps: list[GateStep] = []
     if results_path is not None:
         imported = load_matching_results(ws, phase, results_path, fingerprint)
-        gates = _phase_gates(imported, phase.id)
-        machine, run_id, created = imported.machine, imported.run_id, imported.created
-        run_dir = run_folder(ws.root, ws.plan.id, phase.id, run_id)
-        source = f"results imported from {Path(results_path).name} (run {run_id} on {machine.hostname})"
+        gates = list(imported.phase(phase.id).gates)
+        run = RunContext(imported.run_id, imported.created, fingerprint, imported.machine).in_reports(ws, phase.id)
+        source = f"results imported from {Path(results_path).name} (run {run.run_id} on {run.machine.hostname})"
     else:
-        machine = machine or probe()
-        moment = utc_now()
-        run_id, created = new_run_id(fingerprint, moment), iso_time(moment)
-        run_dir = run_folder(ws.root, ws.plan.id, phase.id, run_id)
-        steps = plan_run(phase, frozenset(machine.devices))
+        run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
+        steps = plan_run(phase, frozenset(run.machine.devices))
         finished: list[GateResult] = []
 
         def record(phase_id: str, result: GateResult) -> None:
@@ -197,15 +180,11 @@ def _advance_locked(
                 on_result(phase_id, result)
 
         try:
-            gates = run_phase(ws, phase, steps, log_dir=run_dir, report_dir=run_dir, on_result=record,
+            gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir, on_result=record,
                               on_progress=on_progress)
         except KeyboardInterrupt:
-            interrupted = ResultsFile(
-                tool=TOOL, plan_id=ws.plan.id, plan_path=ws.plan_rel, run_id=run_id, created=created,
-                fingerprint=fingerprint, machine=machine,
-                phases=[PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))],
-            )
-            _write_interrupted_report(ws, phase, base, interrupted, run_dir)
+            interrupted = run.results(ws, [PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))])
+            _write_interrupted_report(ws, phase, base, interrupted, run.run_dir)
             raise
         source = "local run"
     phase_results = PhaseResults(phase=phase.id, gates=gates)
@@ -223,18 +202,9 @@ def _advance_locked(
         notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
     elif outcome == "SKIPPED":  # no gate ran (cannot happen with a valid plan); not a pass
         outcome = "FAIL"
-    results = ResultsFile(
-        tool=TOOL,
-        plan_id=ws.plan.id,
-        plan_path=ws.plan_rel,
-        run_id=run_id,
-        created=created,
-        fingerprint=fingerprint,
-        machine=machine,
-        phases=[phase_results],
-    )
+    results = run.results(ws, [phase_results])
     context = ReportContext(ws.plan, phase, outcome, base=base, source=source, notes=notes)
-    report = write_report(run_dir, results, context)
+    report = write_report(run.run_dir, results, context)
     report_rel = report.relative_to(ws.root).as_posix()
     messages = list(notes)
     if outcome != "PASS":
@@ -244,7 +214,7 @@ def _advance_locked(
         return AdvanceOutcome(
             exit_code_for(outcome), phase=phase.id, status=status, report=report, messages=messages
         )
-    return _checkpoint(ws, phase, repo, base, fingerprint, machine, gates, run_dir, report, messages)
+    return _checkpoint(ws, phase, repo, base, fingerprint, run.machine, gates, run.run_dir, report, messages)
 
 
 def _checkpoint(
@@ -271,12 +241,12 @@ def _checkpoint(
     )
     old_bytes = ws.plan_path.read_bytes()
     _write_plan(ws, {phase.id: PhaseUpdate("complete", checkpoint)})
-    paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(ws.root, phase.paths)]
+    paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(repo, phase.paths)]
     message = commit_message(ws.plan.id, phase, fingerprint, machine, gates, metrics)
     try:
         sha = repo.checkpoint(paths, message, tag, message.split("\n", 1)[0])
     except BaseException as exc:
-        write_atomic(ws.plan_path, old_bytes.decode("utf-8"))
+        write_plan_text(ws.plan_path, old_bytes.decode("utf-8"))
         if isinstance(exc, GitError):
             raise GitError(f"the checkpoint commit failed, so the plan was left as it was: {exc}") from exc
         raise
@@ -298,7 +268,7 @@ def commit_message(
     summary = ", ".join(f"{gate.name} {gate.outcome}" for gate in gates)
     lines = [f"{plan_id}/{phase.id}: checkpoint ({summary})", ""]
     if metrics:
-        lines += [f"{name}: {_metric_text(value)}" for name, value in metrics.items()]
+        lines += [f"{name}: {format_metric(value, digits=6)}" for name, value in metrics.items()]
         lines.append("")
     where = machine.gpu_name or "no GPU"
     lines += [
@@ -331,7 +301,7 @@ def load_matching_results(ws: Workspace, phase: Phase, path: Path, fingerprint: 
             f"{where} results were measured on tree {results.fingerprint}, but this tree is "
             f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
         )
-    recorded = {gate.name: gate for gate in _phase_gates(results, phase.id)}
+    recorded = {gate.name: gate for gate in results.phase(phase.id).gates}
     problems: list[str] = []
     for gate in phase.gates:
         result = recorded.get(gate.name)
@@ -348,41 +318,18 @@ def load_matching_results(ws: Workspace, phase: Phase, path: Path, fingerprint: 
     return results
 
 
-def _phase_gates(results: ResultsFile, phase_id: str) -> list[GateResult]:
-    for phase_results in results.phases:
-        if phase_results.phase == phase_id:
-            return list(phase_results.gates)
-    return []
-
-
 def _write_plan(ws: Workspace, updates: dict[str, PhaseUpdate]) -> None:
     text = render_updates(ws.doc, updates)
     if text != ws.doc.text:
-        write_atomic(ws.plan_path, text)
+        write_plan_text(ws.plan_path, text)
 
 
-def _existing_paths(root: Path, paths: list[str]) -> list[str]:
+def _existing_paths(repo: CheckpointRepo, paths: list[str]) -> list[str]:
     """The phase's paths that exist in the work tree or are tracked (deleted ones count)."""
     kept = []
     for rel in paths:
         clean = rel.rstrip("/") or rel
-        if (root / clean).exists() or (root / clean).is_symlink() or _tracked(root, clean):
+        if (repo.root / clean).exists() or (repo.root / clean).is_symlink() or repo.is_tracked(clean):
             kept.append(clean)
     return kept
 
-
-def _tracked(root: Path, rel: str) -> bool:
-    proc = subprocess.run(
-        ["git", "--literal-pathspecs", "ls-files", "--", rel],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return proc.returncode == 0 and bool(proc.stdout.strip())
-
-
-def _metric_text(value: object) -> str:
-    if isinstance(value, float):
-        return format(value, ".6g")
-    return str(value)

@@ -35,8 +35,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-STATUS_ENV = "RUNNER_STATUS"
-METRICS_ENV = "RUNNER_METRICS"
+from runner.protocol import METRICS_ENV, STATUS_ENV
 
 STATUS_OK = "ok"
 STATUS_RAISED = "raised"

@@ -13,7 +13,7 @@ running, and the runner stops reading its output once the gate is over.
 A gate killed by SIGKILL that the runner did not send is reported as ``killed by SIGKILL (out
 of memory?)``: the kernel's out-of-memory killer is the usual sender.
 
-The gate's ``PYTHONPATH`` starts with the repository root (so ``phases``, ``kernel`` and
+The gate's ``PYTHONPATH`` starts with the repository root (so the project's own packages and
 ``runner`` import), followed by the folder this ``runner`` package was loaded from when that
 is elsewhere (so a callable gate runs this runner's ``runner.callgate``).
 
@@ -38,25 +38,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 import runner
-from runner import callgate
 from runner.gatelog import HEAD_BYTES, CappedLog, OutputPump
 from runner.procgroup import end_group
+from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
 from runner.results import GateResult
-from runner.verdict import judge
+from runner.timeutil import iso_ms
+from runner.verdict import Verdict, judge
 
 LOG_TAIL_LINES = 60
 LOG_TAIL_BYTES = 8 * 1024
 _PROGRESS_POLL_S = 0.25  # how often a running gate's progress file is read
 
-ARTIFACTS_ENV = "RUNNER_ARTIFACTS"
-MAX_ARTIFACTS = 20
-MAX_ARTIFACT_BYTES = 1 << 20
-_ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
 
 _RUNNER_ROOT = Path(runner.__file__).resolve().parent.parent
 
@@ -113,25 +110,25 @@ def run_gate(
     """
     repo_root = Path(repo_root)
     log_path = Path(log_path)
-    started = _utc_now()
+    started = iso_ms()
     t0 = time.monotonic()
     log_rel = _relative_log(log_path, report_dir)
 
-    def result(outcome: str, reason: str, **fields: Any) -> GateResult:
-        fields.setdefault("metrics", {})
-        fields.setdefault("checks", [])
-        fields.setdefault("exit_code", None)
-        fields.setdefault("signal", None)
+    def result(verdict: Verdict, artifacts: dict[str, str] | None = None) -> GateResult:
         return GateResult(
             name=gate.name,
             kind=gate.kind,
-            outcome=outcome,
-            reason=reason,
+            outcome=verdict.outcome,
+            reason=verdict.reason,
+            metrics=verdict.metrics,
+            checks=verdict.checks,
             started=started,
             duration_s=round(time.monotonic() - t0, 3),
+            exit_code=verdict.exit_code,
+            signal=verdict.signal,
             log=log_rel,
             log_tail=_log_tail(log_path),
-            **fields,
+            artifacts=artifacts or {},
         )
 
     scratch = Path(tempfile.mkdtemp(prefix="runner-gate-"))
@@ -141,15 +138,10 @@ def run_gate(
         try:
             argv = _command(gate)
         except ValueError as exc:
-            return result("ERROR", str(exc))
-        files = {
-            "metrics": scratch / "metrics.json",
-            "progress": scratch / "progress.jsonl",
-            "status": scratch / "status.json",
-            "artifacts": scratch / "artifacts",
-        }
-        files["progress"].touch()
-        files["artifacts"].mkdir()
+            return result(Verdict("ERROR", str(exc)))
+        files = GateFiles.inside(scratch)
+        files.progress.touch()
+        files.artifacts.mkdir()
         child_env = _child_env(gate, repo_root, env, files)
         timeout = _timeout_of(gate)
 
@@ -168,13 +160,13 @@ def run_gate(
         except OSError as exc:
             os.close(read_fd)
             log.close()
-            return result("ERROR", f"could not start the gate: {exc}")
+            return result(Verdict("ERROR", f"could not start the gate: {exc}"))
         finally:
             os.close(write_fd)
         pump = OutputPump(read_fd, log).start()
         timed_out = False
         try:
-            _wait(proc, timeout, gate.name, t0, files["progress"], on_progress)
+            _wait(proc, timeout, gate.name, t0, files.progress, on_progress)
         except subprocess.TimeoutExpired:
             timed_out = True
             end_group(proc, grace_s)
@@ -191,12 +183,12 @@ def run_gate(
             pump.stop()
             if leftover:
                 _note(log, f"ended {leftover} process(es) the gate left running")
-        artifacts = _read_artifacts(files["artifacts"], log)
+        artifacts = _read_artifacts(files.artifacts, log)
         if log.elided:
             _note(log, f"the log keeps the first and last {HEAD_BYTES >> 20} MiB of the output")
         log.close()
 
-        return judge(gate, proc.returncode, timed_out, timeout, files, result, artifacts)
+        return result(judge(gate, proc.returncode, timed_out, timeout, files), artifacts)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -220,27 +212,26 @@ def run_steps(
     (to collect all the evidence in one run), except that a benchmark gate is SKIPPED unless
     every verify gate before it passed: correct before fast. Logs go to ``log_dir/<gate name>.log``;
     ``on_result`` is called with each result as soon as it is known. ``run_gate_fn`` is
-    called like ``run_gate`` (tests pass a fake); ``on_progress`` is passed on to it when given.
+    called like ``run_gate`` (tests pass a fake), ``on_progress`` included.
     """
     log_dir = Path(log_dir)
     report_dir = Path(report_dir) if report_dir is not None else log_dir
     results: list[GateResult] = []
     stopped_by: GateResult | None = None
     used_names: set[str] = set()
-    extra: dict[str, Any] = {"on_progress": on_progress} if on_progress is not None else {}
     unverified: GateResult | None = None  # the first verify gate of this run that did not pass
     for step in steps:
         gate = step.gate
         if stopped_by is not None and not keep_going:
-            res = _no_process(
+            res = GateResult.not_run(
                 gate, "SKIPPED", f"not run: gate {stopped_by.name!r} {stopped_by.outcome.lower()}ed"
             )
         elif keep_going and gate.kind == "benchmark" and unverified is not None:
-            res = _no_process(
+            res = GateResult.not_run(
                 gate, "SKIPPED", f"not run: verify gate {unverified.name!r} is {unverified.outcome}, not PASS"
             )
         elif step.action == "blocked":
-            res = _no_process(gate, "BLOCKED", step.reason)
+            res = GateResult.not_run(gate, "BLOCKED", step.reason)
         elif step.action == "run":
             res = run_gate_fn(
                 gate,
@@ -248,7 +239,7 @@ def run_steps(
                 log_path=log_dir / _log_name(gate.name, used_names),
                 env=env,
                 report_dir=report_dir,
-                **extra,
+                on_progress=on_progress,
             )
             if res.outcome in ("FAIL", "ERROR"):
                 stopped_by = stopped_by or res
@@ -277,9 +268,7 @@ def _command(gate: GateLike) -> list[str]:
     raise ValueError(f"gate {gate.name!r} has neither run nor call")
 
 
-def _child_env(
-    gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None, files: Mapping[str, Path]
-) -> dict[str, str]:
+def _child_env(gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None, files: GateFiles) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra or {})
     env.update(getattr(gate, "env", None) or {})
@@ -289,11 +278,7 @@ def _child_env(
     if env.get("PYTHONPATH"):
         path_entries.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path_entries)
-    env["RUNNER_GATE"] = gate.name
-    env[callgate.METRICS_ENV] = str(files["metrics"])
-    env["RUNNER_PROGRESS"] = str(files["progress"])
-    env[callgate.STATUS_ENV] = str(files["status"])
-    env[ARTIFACTS_ENV] = str(files["artifacts"])
+    env.update(files.environment(gate.name))
     return env
 
 
@@ -398,23 +383,6 @@ def _note(log: CappedLog, text: str) -> None:
 # --- small helpers ----------------------------------------------------------------------------
 
 
-def _no_process(gate: GateLike, outcome: str, reason: str) -> GateResult:
-    return GateResult(
-        name=gate.name,
-        kind=gate.kind,
-        outcome=outcome,
-        reason=reason,
-        metrics={},
-        checks=[],
-        started=_utc_now(),
-        duration_s=0.0,
-        exit_code=None,
-        signal=None,
-        log=None,
-        log_tail="",
-    )
-
-
 def _log_name(gate_name: str, used: set[str]) -> str:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", gate_name).strip("-.") or "gate"
     name, n = f"{stem}.log", 1
@@ -446,7 +414,3 @@ def _log_tail(log_path: Path) -> str:
     if size > LOG_TAIL_BYTES and lines:
         lines = lines[1:]  # the first line was cut in the middle
     return "\n".join(lines[-LOG_TAIL_LINES:])
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,171 +1,29 @@
-"""``runner gate``: run phases' gates as a read-only check, and what every command shares.
+"""``runner gate``: run phases' gates as a read-only check.
 
 The check changes no file except the ``--out`` results file and the ``--logs`` folder (when
 given; otherwise logs go to a temporary folder that is deleted, their tails kept in the
 results), makes no commit and takes no lock, so it can run in CI and on a GPU host that holds
 a plain copy of the tree (no ``.git``).
-
-Shared with ``advance`` and ``status``: finding the repository root and the plan
-(``open_workspace``), the tree fingerprint with the plan file and ``reports/`` left out, running
-one phase's gates (``run_phase``) and the message that says how to finish blocked gates on
-another machine.
 """
 
 from __future__ import annotations
 
-import signal
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner import machine as machine_probe
 from runner.errors import ExitCode, UsageError
-from runner.execute import ProgressFn, run_steps
-from runner.fingerprint import tree_fingerprint
+from runner.execute import ProgressFn
 from runner.junit import append_summary, write_junit
 from runner.machine import MachineInfo
-from runner.planfile import PlanDocument, find_plan, load_plan
-from runner.planning import GateStep, plan_run
+from runner.planning import plan_run
 from runner.preflight import check_calls
-from runner.report import REPORTS_DIR, TOOL, iso_time, new_run_id, utc_now
-from runner.results import GateResult, Outcome, PhaseResults, ResultsFile, combine_outcomes
+from runner.results import PhaseResults, ResultsFile, combine_outcomes
+from runner.runs import ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
 from runner.schema import Phase, Plan
-
-ResultFn = Callable[[str, GateResult], None]
-"""Called with (phase id, result) as soon as each gate's result is known."""
-
-
-# --- the workspace ------------------------------------------------------------------------------
-
-
-def find_repo_root(start: Path | None = None) -> Path:
-    """The nearest folder from ``start`` (default: the working directory) upwards that has a
-    ``.git``; ``start`` itself when there is none (a GPU host's copy of the tree)."""
-    start = Path(start or Path.cwd()).resolve()
-    for folder in (start, *start.parents):
-        if (folder / ".git").exists():
-            return folder
-    return start
-
-
-@dataclass(frozen=True)
-class Workspace:
-    """The repository root, the plan file and the plan as loaded."""
-
-    root: Path
-    plan_path: Path
-    doc: PlanDocument
-
-    @property
-    def plan(self) -> Plan:
-        return self.doc.plan
-
-    @property
-    def plan_rel(self) -> str:
-        """The plan's path relative to the root (POSIX), or absolute when it lies outside."""
-        try:
-            return self.plan_path.resolve().relative_to(self.root.resolve()).as_posix()
-        except ValueError:
-            return str(self.plan_path)
-
-    def fingerprint(self, also_exclude: Sequence[Path] = ()) -> str:
-        """The tree fingerprint, without the plan file and ``reports/``.
-
-        ``also_exclude`` names the runner's own files for this command (a results file, a logs
-        folder): those inside the root are left out too, so writing or copying them into the
-        tree does not change the fingerprint.
-        """
-        exclude = [self.plan_rel, REPORTS_DIR]
-        for path in also_exclude:
-            try:
-                exclude.append(Path(path).resolve().relative_to(self.root.resolve()).as_posix())
-            except ValueError:
-                continue  # outside the tree: not part of the fingerprint anyway
-        return tree_fingerprint(self.root, exclude=exclude)
-
-    def reload(self) -> Workspace:
-        return Workspace(self.root, self.plan_path, load_plan(self.plan_path))
-
-
-def open_workspace(plan: Path | None = None, cwd: Path | None = None) -> Workspace:
-    """Find the root from ``cwd``, the plan (``find_plan``) and load it."""
-    root = find_repo_root(cwd)
-    explicit = plan
-    if explicit is not None and cwd is not None and not explicit.is_absolute():
-        explicit = Path(cwd) / explicit
-    plan_path = find_plan(root, explicit)
-    return Workspace(root, plan_path, load_plan(plan_path))
-
-
-def probe() -> MachineInfo:
-    """This machine (``RUNNER_DEVICES`` overrides the detected devices)."""
-    return machine_probe.probe_machine()
-
-
-# --- running a phase ----------------------------------------------------------------------------
-
-
-def run_phase(
-    ws: Workspace,
-    phase: Phase,
-    steps: Sequence[GateStep],
-    *,
-    log_dir: Path,
-    report_dir: Path,
-    on_result: ResultFn | None = None,
-    on_progress: ProgressFn | None = None,
-    keep_going: bool = False,
-) -> list[GateResult]:
-    """Run ``steps`` of ``phase`` in order (stopping at the first failure unless ``keep_going``);
-    logs in ``log_dir``."""
-    return run_steps(
-        steps,
-        repo_root=ws.root,
-        log_dir=log_dir,
-        report_dir=report_dir,
-        on_result=(lambda result: on_result(phase.id, result)) if on_result else None,
-        on_progress=on_progress,
-        keep_going=keep_going,
-    )
-
-
-def finish_elsewhere_hint(phase: Phase, steps: Sequence[GateStep]) -> str:
-    """How to finish a phase whose gates need a device this machine lacks."""
-    devices = sorted({req for step in steps if step.action == "blocked" for req in step.gate.requires})
-    where = " and ".join(devices) if devices else "the devices its gates require"
-    return (
-        f"run `runner gate {phase.id} --out results.json` on a machine with {where}, "
-        "copy results.json back, then `runner advance --results results.json`"
-    )
-
-
-def exit_code_for(outcome: Outcome) -> ExitCode:
-    """FAIL or ERROR: 1; BLOCKED: 3; anything else: 0."""
-    if outcome in ("FAIL", "ERROR"):
-        return ExitCode.GATE_FAILED
-    if outcome == "BLOCKED":
-        return ExitCode.BLOCKED
-    return ExitCode.OK
-
-
-@contextmanager
-def interrupt_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into ``KeyboardInterrupt`` inside the block (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+from runner.workspace import Workspace
 
 
 # --- runner gate --------------------------------------------------------------------------------
@@ -220,11 +78,11 @@ def check_phases(
         return GateCheck(None, ExitCode.OK, ["no phase is complete yet; nothing to check"])
     for phase in phases:  # a misnamed `call` is a plan error before any gate runs
         check_calls(ws.doc, phase, ws.root)
-    machine = machine or probe()
+    machine = machine or machine_probe.probe_machine()
     devices = frozenset(machine.devices)
     own_files = [Path(path) for path in (out, logs, junit, summary) if path is not None]
     fingerprint = ws.fingerprint(own_files)
-    created = utc_now()
+    run = RunContext.start(fingerprint, machine)
     phase_results: list[PhaseResults] = []
     messages: list[str] = []
     with tempfile.TemporaryDirectory(prefix="runner-logs-") as scratch:
@@ -247,16 +105,7 @@ def check_phases(
                 messages.append(f"{phase.id}: blocked; {finish_elsewhere_hint(phase, steps)}")
     outcome = combine_outcomes(results.outcome for results in phase_results)
     exit_code = exit_code_for(outcome)
-    results_file = ResultsFile(
-        tool=TOOL,
-        plan_id=ws.plan.id,
-        plan_path=ws.plan_rel,
-        run_id=new_run_id(fingerprint, created),
-        created=iso_time(created),
-        fingerprint=fingerprint,
-        machine=machine,
-        phases=phase_results,
-    )
+    results_file = run.results(ws, phase_results)
     messages += _write_ci_files(results_file, junit=junit, summary=summary)
     if ws.fingerprint(own_files) != fingerprint:
         messages.append(

@@ -11,10 +11,11 @@ unset), so the same code serves a gate run by hand.
         ...
         gatekit.progress(i + 1, len(cases))
     gatekit.write_artifact("cases.md", table)
-    gatekit.write_plot("fraction", [gatekit.Series("H=16", points)],
-                       title="Roofline fraction vs context",
-                       x=gatekit.Axis("context", unit="tokens", scale="log"),
-                       y=gatekit.Axis("fraction of roofline"))
+    gatekit.write_plot("latency", [gatekit.Series("p50", points),
+                                   gatekit.Series("previous release", baseline, reference=True)],
+                       title="Latency vs batch size",
+                       x=gatekit.Axis("batch", scale="log"),
+                       y=gatekit.Axis("latency", unit="ms"))
 
 The plot format (``runner.plot/1``, one JSON object per ``<name>.plot.json`` artifact)::
 
@@ -23,7 +24,7 @@ The plot format (``runner.plot/1``, one JSON object per ``<name>.plot.json`` art
      "y": {"label": str, "unit": str, "scale": "linear" | "log"},
      "series": [{"label": str, "points": [[x, y], ...], "reference": bool}, ...]}
 
-``reference`` series (an oracle, a ceiling, a peer) are drawn dashed beside the measured ones.
+``reference`` series (a baseline, a ceiling, a peer) are drawn dashed beside the measured ones.
 This module needs nothing beyond the standard library: gates of any project can use it.
 """
 

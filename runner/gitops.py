@@ -75,6 +75,12 @@ class CheckpointRepo:
         with self._repo() as repo:
             return _rev(repo, f"refs/tags/{tag}")
 
+    def is_tracked(self, path: str) -> bool:
+        """Whether the index tracks ``path`` (a file, or a folder with tracked files); the
+        pathspec is literal."""
+        with self._repo() as repo:
+            return bool(_run(repo, "--literal-pathspecs", "ls-files", "--", path))
+
     def commit_message(self, sha: str) -> str:
         """The full message of commit ``sha``, byte for byte as stored (trailers included)."""
         with self._repo() as repo:

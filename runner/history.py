@@ -13,11 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from runner.errors import ResultsError, UsageError
-from runner.gate import Workspace
 from runner.machine import MachineInfo
-from runner.report import REPORTS_DIR, safe_name
 from runner.results import Outcome, PhaseResults, ResultsFile, combine_outcomes
-from runner.status import plan_status
+from runner.status import CheckpointView, plan_status
+from runner.workspace import REPORTS_DIR, Workspace, safe_name
 
 RESULTS_NAME = "results.json"
 
@@ -52,7 +51,8 @@ class RunRecord:
         return combine_outcomes(results.outcome for results in self.phase_results())
 
     def phase_results(self) -> list[PhaseResults]:
-        return [p for p in self.results.phases if self.phase is None or p.phase == self.phase]
+        """The phase this run was found under, or every phase of a file given by path."""
+        return self.results.phases if self.phase is None else [self.results.phase(self.phase)]
 
     def metrics(self) -> dict[tuple[str, str, str], object]:
         """Every reported metric, keyed by (phase, gate, metric), in the order reported."""
@@ -85,25 +85,6 @@ class RunScan:
     skipped: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """A phase's checkpoint as the plan records it; ``commit`` resolved from the tag in git."""
-
-    phase: str
-    tag: str
-    time: str
-    commit: str | None
-    report: str
-    fingerprint: str
-    metrics: dict[str, bool | int | float | str]
-
-    def to_json(self) -> dict:
-        return {
-            "phase": self.phase, "tag": self.tag, "time": self.time, "commit": self.commit,
-            "report": self.report, "fingerprint": self.fingerprint, "metrics": self.metrics,
-        }
-
-
 def parse_time(text: str) -> datetime:
     """``2026-11-29T23:50:00Z`` (or any ISO 8601 time) as an aware UTC datetime."""
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -118,11 +99,6 @@ def describe_machine(machine: MachineInfo) -> str:
     if machine.gpu_count > 1:
         gpu += f" x{machine.gpu_count}"
     return f"{machine.hostname}: {gpu}"
-
-
-def short(fingerprint: str) -> str:
-    """The first 8 hex digits of a ``sha256:`` fingerprint."""
-    return fingerprint.split(":", 1)[-1][:8]
 
 
 def display_path(path: Path, root: Path | None) -> str:
@@ -163,19 +139,9 @@ def latest_runs(scan: RunScan) -> dict[str, RunRecord]:
     return latest
 
 
-def plan_checkpoints(ws: Workspace) -> list[CheckpointRecord]:
-    """The checkpoint of every phase that has one, in plan order."""
-    records = []
-    for phase in plan_status(ws).phases:
-        record = phase.checkpoint
-        if record is not None:
-            records.append(
-                CheckpointRecord(
-                    phase=phase.id, tag=record.tag, time=record.time, commit=record.commit,
-                    report=record.report, fingerprint=record.fingerprint, metrics=record.metrics,
-                )
-            )
-    return records
+def plan_checkpoints(ws: Workspace) -> list[CheckpointView]:
+    """The checkpoint of every phase that has one, in plan order (commits resolved from tags)."""
+    return [phase.checkpoint for phase in plan_status(ws).phases if phase.checkpoint is not None]
 
 
 def resolve_run(ws: Workspace, ref: str, *, cwd: Path | None = None) -> RunRecord:

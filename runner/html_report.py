@@ -2,8 +2,9 @@
 
 The page (``runner/templates/index.html.j2``) shows the phases as a timeline with their status
 and checkpoint (tag, commit, report), each phase's newest run with its gates and metric checks,
-and inline SVG plots: the benchmark sweep of the newest run (from any JSON artifact with
-benchmark rows, see ``runner.plots``) and every headline metric across the phase's runs. Links
+and inline SVG plots: every ``*.plot.json`` artifact of the newest run (the declared
+``runner.plot/1`` format, see ``runner.gatekit``) and every headline metric across the phase's
+runs. An artifact that does not follow the format is named in a note, not drawn. Links
 are relative to the HTML file, and nothing is loaded from elsewhere, so the page reads from
 disk without a server or network.
 """
@@ -15,14 +16,18 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.gate import Workspace
-from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs, short
-from runner.plots import Plot, Point, benchmark_plots, metric_history_plot
-from runner.report import TOOL, format_metric, headline_metrics, iso_time, utc_now
+import runner
+from runner.formatting import format_metric, short
+from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs
+from runner.plots import Plot, Point, declared_plot, metric_history_plot
+from runner.protocol import PLOT_SUFFIX
+from runner.report import headline_metrics
 from runner.results import GateResult
 from runner.schema import Phase
 from runner.status import PhaseView, plan_status
 from runner.templating import template_env
+from runner.timeutil import iso_time, utc_now
+from runner.workspace import Workspace
 
 TEMPLATE = "index.html.j2"
 DEFAULT_OUT = Path("reports") / "index.html"
@@ -40,6 +45,7 @@ class PhaseSection:
     latest_link: str | None
     gates: list[GateResult]
     plots: list[Plot] = field(default_factory=list)
+    plot_notes: list[str] = field(default_factory=list)
 
     @property
     def latest_outcome(self) -> str | None:
@@ -64,7 +70,7 @@ def render_html_report(ws: Workspace, out: Path) -> str:
         sections=sections,
         skipped=scan.skipped,
         generated=iso_time(utc_now()),
-        tool=TOOL,
+        tool=runner.TOOL,
         describe_machine=describe_machine,
     )
 
@@ -88,30 +94,38 @@ def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, latest:
     runs = [run for run in scan.runs if run.phase == spec.id]
     gates: list[GateResult] = []
     plots: list[Plot] = []
+    plot_notes: list[str] = []
     latest_link = None
     if latest is not None:
         [phase_results] = latest.phase_results()
         gates = phase_results.gates
         report = latest.path.parent / "report.md"
         latest_link = _link(report if report.is_file() else latest.path, out_dir)
-        plots += _benchmark_plots(gates)
+        plots, plot_notes = _artifact_plots(gates)
     plots += _history_plots(spec, runs, checkpoint_run)
-    return PhaseSection(spec, view, report_link, len(runs), latest, latest_link, gates, plots)
+    return PhaseSection(spec, view, report_link, len(runs), latest, latest_link, gates, plots, plot_notes)
 
 
-def _benchmark_plots(gates: list[GateResult]) -> list[Plot]:
-    plots = []
+def _artifact_plots(gates: list[GateResult]) -> tuple[list[Plot], list[str]]:
+    """Every ``*.plot.json`` artifact of these gates drawn, and a note per skipped part."""
+    plots, notes = [], []
     for gate in gates:
         for name, text in sorted(gate.artifacts.items()):
-            if not name.endswith(".json"):
+            if not name.endswith(PLOT_SUFFIX):
                 continue
+            source = f"{gate.name}: {name}"
             try:
                 data = json.loads(text)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError as exc:
+                notes.append(f"{source}: not JSON ({exc.msg}); not drawn")
                 continue
-            if isinstance(data, dict):
-                plots += benchmark_plots(data, source=f"{gate.name}: {name}")
-    return plots
+            plot, problems = declared_plot(data, source=source)
+            notes += [f"{source}: {problem}" for problem in problems]
+            if plot is not None:
+                plots.append(plot)
+            elif not problems:
+                notes.append(f"{source}: not drawn")
+    return plots, notes
 
 
 def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | None) -> list[Plot]:

@@ -1,8 +1,21 @@
 """What machine a run happened on, and whether two machines' timings are comparable.
 
-The torch / triton / CUDA probe runs in a child interpreter (``sys.executable -c ...``) so a
-broken CUDA stack, a driver hang or a segfault in an extension is a missing field in the
-record, never a crash of the runner. The probe result is cached for the life of the process.
+Decisions:
+
+- Nothing here imports torch or triton into the runner. Package versions come from the
+  installed distributions' metadata (``importlib.metadata``), read by a small child interpreter
+  (``sys.executable -c ...``), so a project without torch pays nothing and reports nothing.
+- CUDA is asked only where it can answer: when torch is installed *and* an NVIDIA driver is
+  present (``/proc/driver/nvidia/version`` or ``nvidia-smi``). Only then does the child import
+  torch and allocate one element on the GPU, which decides the ``cuda`` device. A broken CUDA
+  stack, a driver hang or a segfault in an extension is a missing field in the record, never
+  a crash of the runner.
+- Without torch (a project whose gates use CUDA some other way), the GPUs ``nvidia-smi``
+  lists decide the ``cuda`` device, with their name and driver.
+- The CUDA version torch was built for is read from torch's ``version.py`` source, without
+  importing torch.
+- The probe runs only in commands that run gates (``gate``, ``advance``) and is cached for the
+  life of the process.
 
 ``RUNNER_DEVICES`` (a comma list such as ``cpu,cuda``) overrides the detected devices; it is
 read on every call, so tests and operators can force a device set after the first probe.
@@ -26,26 +39,46 @@ DEVICES_ENV = "RUNNER_DEVICES"
 
 # Runs in a child interpreter; prints one JSON object on its last stdout line.
 _PROBE_SCRIPT = r"""
-import json
-info = {"torch": None, "cuda": None, "triton": None, "gpu_name": None, "gpu_count": 0,
-        "cuda_usable": False}
-try:
-    import torch
-    info["torch"] = torch.__version__.split("+")[0]
-    info["cuda"] = torch.version.cuda
-    if torch.cuda.is_available():
-        info["gpu_count"] = torch.cuda.device_count()
-        info["gpu_name"] = torch.cuda.get_device_name(0)
-        torch.zeros(1, device="cuda").add_(1)
-        torch.cuda.synchronize()
-        info["cuda_usable"] = True
-except Exception:
-    pass
-try:
-    import triton
-    info["triton"] = triton.__version__
-except Exception:
-    pass
+import ast, importlib.metadata, importlib.util, json, os, shutil
+
+def version(name):
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+        return importlib.metadata.version(name).split("+")[0]
+    except Exception:
+        return None
+
+def built_cuda():
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse(open(os.path.join(folder, "version.py"), encoding="utf-8").read())
+        except Exception:
+            continue
+        for node in tree.body:
+            target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+            if getattr(target, "id", None) == "cuda" and isinstance(node.value, ast.Constant):
+                return node.value.value
+    return None
+
+info = {"torch": version("torch"), "triton": version("triton"), "cuda": None, "gpu_name": None,
+        "gpu_count": 0, "cuda_usable": False}
+driver = os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+if info["torch"] is not None:
+    info["cuda"] = built_cuda()
+    if driver:
+        try:
+            import torch
+            info["cuda"] = torch.version.cuda
+            if torch.cuda.is_available():
+                info["gpu_count"] = torch.cuda.device_count()
+                info["gpu_name"] = torch.cuda.get_device_name(0)
+                torch.zeros(1, device="cuda").add_(1)
+                torch.cuda.synchronize()
+                info["cuda_usable"] = True
+        except Exception:
+            pass
 print(json.dumps(info))
 """
 
@@ -85,9 +118,14 @@ class MachineInfo(BaseModel):
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 
-    def has_device(self, device: str) -> bool:
-        """Whether ``device`` (``"cpu"``, ``"cuda"``) is available on this machine."""
-        return device in self.devices
+    def software(self) -> str:
+        """``python 3.11.7, torch 2.5.1, CUDA 12.4``: only the parts this machine has."""
+        parts = [f"python {self.python}"]
+        for label, value in (("torch", self.torch), ("triton", self.triton), ("CUDA", self.cuda),
+                             ("driver", self.driver)):
+            if value:
+                parts.append(f"{label} {value}")
+        return ", ".join(parts)
 
 
 def probe_machine(timeout_s: float = 60) -> MachineInfo:
@@ -97,11 +135,6 @@ def probe_machine(timeout_s: float = 60) -> MachineInfo:
     if override is not None:
         info = info.model_copy(update={"devices": override})
     return info
-
-
-def clear_probe_cache() -> None:
-    """Forget the cached probe (the next ``probe_machine`` call probes again)."""
-    _cached_probe.cache_clear()
 
 
 def parse_devices(text: str | None) -> list[str] | None:
@@ -123,6 +156,10 @@ def _cached_probe(timeout_s: float) -> MachineInfo:
 def _probe(*, python: str, timeout_s: float) -> MachineInfo:
     """Build a ``MachineInfo`` by running the probe under ``python``; never raises."""
     found = _run_probe_script(python, timeout_s)
+    if found.get("torch") is None:
+        gpus = _nvidia_gpus()
+        if gpus:
+            found = {**found, "cuda_usable": True, "gpu_count": len(gpus), "gpu_name": gpus[0][0]}
     devices = ["cpu", "cuda"] if found.get("cuda_usable") else ["cpu"]
     return MachineInfo(
         hostname=socket.gethostname(),
@@ -163,12 +200,18 @@ def _run_probe_script(python: str, timeout_s: float) -> dict:
 
 
 def _nvidia_driver() -> str | None:
+    gpus = _nvidia_gpus()
+    return gpus[0][1] if gpus else None
+
+
+def _nvidia_gpus() -> list[tuple[str, str | None]]:
+    """``(name, driver)`` of every GPU ``nvidia-smi`` lists; ``[]`` without it or on any error."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return None
+        return []
     try:
         proc = subprocess.run(
-            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -176,11 +219,15 @@ def _nvidia_driver() -> str | None:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        return None
-    return lines[0].strip() or None
+        return []
+    if proc.returncode != 0:
+        return []
+    gpus = []
+    for line in proc.stdout.strip().splitlines():
+        name, _, driver = line.rpartition(",")
+        if name.strip():
+            gpus.append((name.strip(), driver.strip() or None))
+    return gpus
 
 
 def _str_or_none(value: object) -> str | None:

@@ -1,11 +1,11 @@
 """Plots for the HTML report, as inline SVG text (matplotlib, Agg backend, no external assets).
 
-``benchmark_plots`` reads a benchmark artifact generically: a JSON object with ``rows``, each
-row a mapping with ``context``, ``frac`` (fraction of the roofline) and ``kv_GBps``; rows of
-``kind == "sweep"`` (or rows without a kind) are grouped into shapes by
-``(num_heads, num_draft)``. A row's ``oracle_us`` (the naive oracle's time) gives the oracle's
-bandwidth on the same bytes: ``kv_GBps * time_us / oracle_us``. ``metric_history_plot`` draws
-one metric across runs over time, with its threshold.
+``declared_plot`` draws one ``*.plot.json`` artifact in the declared ``runner.plot/1`` format
+(written by ``runner.gatekit.write_plot``; the format is in that module's docstring). The
+runner knows nothing of what a gate measures: titles, axes and series all come from the
+artifact. The reader is defensive: a field of the wrong type skips that series, point or the
+whole figure with a note, never an exception. ``metric_history_plot`` draws one metric across
+runs over time, with its threshold.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from runner.protocol import PLOT_FORMAT
+
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate"}
+SCALES = ("linear", "log")
 
 
 @dataclass(frozen=True)
@@ -38,67 +41,130 @@ class Point:
     checkpoint: bool = False
 
 
-def benchmark_plots(bench: Mapping[str, object], *, source: str = "") -> list[Plot]:
-    """Roofline fraction and KV bandwidth vs context per shape, with the oracle's bandwidth.
+@dataclass(frozen=True)
+class AxisSpec:
+    """One axis of a declared plot."""
 
-    Returns no plots when ``bench`` has no usable rows.
+    label: str
+    unit: str = ""
+    scale: str = "linear"
+
+    @property
+    def text(self) -> str:
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+
+@dataclass(frozen=True)
+class SeriesSpec:
+    """One line of a declared plot; ``reference`` lines (baseline, ceiling, peer) are dashed."""
+
+    label: str
+    points: tuple[tuple[float, float], ...]
+    reference: bool = False
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """A validated ``runner.plot/1`` document."""
+
+    title: str
+    x: AxisSpec
+    y: AxisSpec
+    series: tuple[SeriesSpec, ...]
+
+
+def read_plot_document(data: object) -> tuple[PlotSpec | None, list[str]]:
+    """Validate a ``runner.plot/1`` object: the spec (``None`` when nothing can be drawn) and notes.
+
+    Notes say what was skipped and why; a wrong top-level shape skips the whole figure, a
+    wrong series or point skips only that series or point.
     """
-    shapes = sweep_shapes(bench)
-    if not shapes:
-        return []
+    if not isinstance(data, Mapping):
+        return None, [f"expected a JSON object, got {type(data).__name__}"]
+    if data.get("format") != PLOT_FORMAT:
+        return None, [f"expected format {PLOT_FORMAT!r}, got {data.get('format')!r}"]
+    notes: list[str] = []
+    title = data.get("title")
+    if not isinstance(title, str):
+        return None, [f"expected a string title, got {type(title).__name__}"]
+    axes = []
+    for name in ("x", "y"):
+        axis, problem = _read_axis(data.get(name))
+        if axis is None:
+            return None, [f"axis {name}: {problem}"]
+        axes.append(axis)
+    x, y = axes
+    raw_series = data.get("series")
+    if not isinstance(raw_series, list):
+        return None, [f"expected a list of series, got {type(raw_series).__name__}"]
+    series = []
+    for index, raw in enumerate(raw_series):
+        line, line_notes = _read_series(raw, index, x, y)
+        notes += line_notes
+        if line is not None:
+            series.append(line)
+    if not series:
+        return None, notes + ["no series with points to draw"]
+    return PlotSpec(title, x, y, tuple(series)), notes
+
+
+def declared_plot(data: object, *, source: str = "") -> tuple[Plot | None, list[str]]:
+    """Draw a ``runner.plot/1`` object: the plot (``None`` when unusable) and notes on what was skipped."""
+    spec, notes = read_plot_document(data)
+    if spec is None:
+        return None, notes
+    fig, ax = _figure()
+    for line in spec.series:
+        xs, ys = zip(*line.points)
+        if line.reference:
+            ax.plot(xs, ys, linestyle="--", marker="x", alpha=0.8, label=f"{line.label} (reference)")
+        else:
+            ax.plot(xs, ys, marker="o", label=line.label)
+    for axis, spec_axis in ((ax.xaxis, spec.x), (ax.yaxis, spec.y)):
+        axis.set_label_text(spec_axis.text)
+    if spec.x.scale == "log":
+        ax.set_xscale("log", base=2 if _powers_of_two(spec) else 10)
+    if spec.y.scale == "log":
+        ax.set_yscale("log")
     suffix = f" ({source})" if source else ""
-    plots = []
-    fig, ax = _figure()
-    for (heads, draft), rows in shapes.items():
-        points = [(row["context"], row["frac"]) for row in rows if _number(row.get("frac"))]
-        if points:
-            ax.plot(*zip(*points), marker="o", label=f"H={heads} T={draft}")
-    ax.set_ylabel("fraction of the same-run roofline")
-    ax.set_ylim(bottom=0)
-    plots.append(Plot(f"Roofline fraction vs context{suffix}", _finish(fig, ax)))
-
-    fig, ax = _figure()
-    oracle_drawn = False
-    for (heads, draft), rows in shapes.items():
-        points = [(row["context"], row["kv_GBps"]) for row in rows if _number(row.get("kv_GBps"))]
-        if not points:
-            continue
-        line = ax.plot(*zip(*points), marker="o", label=f"H={heads} T={draft}")[0]
-        oracle = [(row["context"], oracle_gbps(row)) for row in rows if oracle_gbps(row) is not None]
-        if oracle:
-            ax.plot(*zip(*oracle), linestyle="--", marker="x", color=line.get_color(), alpha=0.6,
-                    label="_nolegend_" if oracle_drawn else "naive oracle (dashed, same colour)")
-            oracle_drawn = True
-    ax.set_ylabel("KV bandwidth (GB/s)")
-    ax.set_yscale("log")
-    title = "KV bandwidth vs context" + (", naive oracle dashed" if oracle_drawn else "")
-    plots.append(Plot(title + suffix, _finish(fig, ax)))
-    return plots
+    return Plot(spec.title + suffix, _finish(fig, ax)), notes
 
 
-def sweep_shapes(bench: Mapping[str, object]) -> dict[tuple[object, object], list[Mapping]]:
-    """The sweep rows grouped by ``(num_heads, num_draft)``, each group sorted by context."""
-    rows = bench.get("rows") if isinstance(bench, Mapping) else None
-    if not isinstance(rows, Sequence):
-        return {}
-    shapes: dict[tuple[object, object], list[Mapping]] = {}
-    for row in rows:
-        if not isinstance(row, Mapping) or row.get("kind", "sweep") != "sweep":
-            continue
-        if not _number(row.get("context")) or not (_number(row.get("frac")) or _number(row.get("kv_GBps"))):
-            continue
-        shapes.setdefault((row.get("num_heads"), row.get("num_draft")), []).append(row)
-    for group in shapes.values():
-        group.sort(key=lambda row: row["context"])
-    return shapes
+def _read_axis(raw: object) -> tuple[AxisSpec | None, str]:
+    if not isinstance(raw, Mapping):
+        return None, f"expected an object, got {type(raw).__name__}"
+    label, unit, scale = raw.get("label"), raw.get("unit", ""), raw.get("scale", "linear")
+    if not isinstance(label, str) or not isinstance(unit, str):
+        return None, "expected string label and unit"
+    if scale not in SCALES:
+        return None, f"expected scale 'linear' or 'log', got {scale!r}"
+    return AxisSpec(label, unit, scale), ""
 
 
-def oracle_gbps(row: Mapping[str, object]) -> float | None:
-    """The oracle's bandwidth on the row's KV bytes, or ``None`` when it was not timed."""
-    oracle, time, gbps = row.get("oracle_us"), row.get("time_us"), row.get("kv_GBps")
-    if not (_number(oracle) and _number(time) and _number(gbps)) or oracle <= 0:
-        return None
-    return float(gbps) * float(time) / float(oracle)
+def _read_series(raw: object, index: int, x: AxisSpec, y: AxisSpec) -> tuple[SeriesSpec | None, list[str]]:
+    if not isinstance(raw, Mapping):
+        return None, [f"series {index}: expected an object, got {type(raw).__name__}; skipped"]
+    label, reference, raw_points = raw.get("label"), raw.get("reference", False), raw.get("points")
+    if not isinstance(label, str) or not isinstance(reference, bool) or not isinstance(raw_points, list):
+        return None, [f"series {index}: expected a string label, a boolean reference and a list of points; skipped"]
+    points, dropped = [], 0
+    for point in raw_points:
+        if (isinstance(point, Sequence) and not isinstance(point, str) and len(point) == 2
+                and all(_number(value) for value in point)
+                and (x.scale != "log" or point[0] > 0) and (y.scale != "log" or point[1] > 0)):
+            points.append((float(point[0]), float(point[1])))
+        else:
+            dropped += 1
+    notes = [f"series {label!r}: {dropped} point(s) not two finite numbers (positive on a log axis); skipped"] \
+        if dropped else []
+    if not points:
+        return None, notes
+    return SeriesSpec(label, tuple(sorted(points)), reference), notes
+
+
+def _powers_of_two(spec: PlotSpec) -> bool:
+    xs = [px for line in spec.series for px, _ in line.points]
+    return all(px >= 1 and math.log2(px).is_integer() for px in xs)
 
 
 def metric_history_plot(metric: str, points: Sequence[Point], *, threshold: tuple[str, float] | None = None,
@@ -118,7 +184,7 @@ def metric_history_plot(metric: str, points: Sequence[Point], *, threshold: tupl
     if len({p.time for p in ordered}) == 1:  # one moment: a day around it, not years
         ax.set_xlim(ordered[0].time - timedelta(hours=12), ordered[0].time + timedelta(hours=12))
     _date_axis(ax)
-    return Plot(title or metric, _finish(fig, ax, log_x=False))
+    return Plot(title or metric, _finish(fig, ax))
 
 
 def _figure(height: float = 3.6):
@@ -131,13 +197,9 @@ def _figure(height: float = 3.6):
     return fig, fig.add_subplot()
 
 
-def _finish(fig, ax, *, log_x: bool = True) -> str:
+def _finish(fig, ax) -> str:
     import matplotlib
 
-    if log_x:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (tokens)")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tokens))
     ax.grid(True, which="major", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
@@ -154,12 +216,6 @@ def _date_axis(ax) -> None:
     locator = dates.AutoDateLocator(maxticks=6)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator))
-
-
-def _tokens(value: float, _position: object) -> str:
-    if value >= 1024 and math.isclose(value % 1024, 0, abs_tol=1e-6):
-        return f"{value / 1024:g}k"
-    return f"{value:g}"
 
 
 def _number(value: object) -> bool:

@@ -8,21 +8,16 @@ gate, so the benchmark table and the build summary read in place.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-import runner
-from runner.results import GateResult, PhaseResults, ResultsFile
+from runner.formatting import MARKDOWN_FILTERS, format_metric, table_cell
+from runner.results import GateResult, ResultsFile
 from runner.schema import Phase, Plan
 from runner.templating import template_env
+from runner.workspace import safe_name
 
-REPORTS_DIR = "reports"
 TEMPLATE = "report.md.j2"
-TOOL = f"mla-gate runner {runner.__version__}"
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -40,41 +35,6 @@ class ReportContext:
     base: str | None = None
     source: str = "local run"
     notes: list[str] = field(default_factory=list)
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def iso_time(moment: datetime) -> str:
-    """``2026-11-29T23:50:00Z``."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def new_run_id(fingerprint: str, moment: datetime | None = None) -> str:
-    """``20261129T235000Z-1a2b3c4d``: the UTC time and the first 8 hex of the fingerprint."""
-    moment = moment or utc_now()
-    digest = fingerprint.split(":", 1)[-1][:8]
-    return f"{moment.astimezone(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{digest}"
-
-
-def safe_name(text: str) -> str:
-    """``text`` reduced to letters, digits and ``._-`` (for folder and file names)."""
-    return _UNSAFE.sub("-", text).strip("-.") or "x"
-
-
-def run_folder(root: Path, plan_id: str, phase_id: str, run_id: str) -> Path:
-    """A fresh ``reports/<plan>/<phase>/<run-id>`` folder (``-2``, ``-3``... when taken), created."""
-    parent = Path(root) / REPORTS_DIR / safe_name(plan_id) / safe_name(phase_id)
-    parent.mkdir(parents=True, exist_ok=True)
-    name, n = safe_name(run_id), 1
-    while True:
-        candidate = parent / (name if n == 1 else f"{name}-{n}")
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            n += 1
 
 
 def artifact_file_name(gate: str, name: str) -> str:
@@ -98,7 +58,7 @@ def write_report(run_dir: Path, results: ResultsFile, context: ReportContext) ->
 
 def render_report(results: ResultsFile, context: ReportContext, *, run_dir: Path | None = None) -> str:
     """The Markdown report of ``results`` for ``context.phase``."""
-    phase_results = _phase_results(results, context.phase.id)
+    phase_results = results.phase(context.phase.id)
     gates = [_gate_view(gate, run_dir) for gate in phase_results.gates]
     env = template_env(filters=MARKDOWN_FILTERS)
     text = env.get_template(TEMPLATE).render(
@@ -130,27 +90,6 @@ def headline_metrics(phase: Phase, gates: list[GateResult]) -> dict[str, bool | 
                 found[name] = value
                 break
     return found
-
-
-def format_metric(value: object) -> str:
-    if isinstance(value, float):
-        return format(value, ".4g")
-    return str(value)
-
-
-def table_cell(value: object) -> str:
-    """A value made safe for one Markdown table cell."""
-    return " ".join(str(value).split()).replace("|", "\\|")
-
-
-MARKDOWN_FILTERS = {"cell": table_cell, "metric": format_metric}
-
-
-def _phase_results(results: ResultsFile, phase_id: str) -> PhaseResults:
-    for phase_results in results.phases:
-        if phase_results.phase == phase_id:
-            return phase_results
-    raise ValueError(f"results hold no phase {phase_id!r}")
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.machine import MachineInfo
+from runner.timeutil import iso_ms
 
 if TYPE_CHECKING:
     from runner.thresholds import Threshold
@@ -75,6 +75,25 @@ class GateResult(BaseModel):
     log_tail: str
     artifacts: dict[str, str] = {}
 
+    @classmethod
+    def not_run(cls, gate: object, outcome: Outcome, reason: str) -> GateResult:
+        """A result with no process behind it (``BLOCKED``, ``SKIPPED``, or an ``ERROR`` before
+        start); ``gate`` is anything with ``name`` and ``kind``."""
+        return cls(
+            name=gate.name,
+            kind=gate.kind,
+            outcome=outcome,
+            reason=reason,
+            metrics={},
+            checks=[],
+            started=iso_ms(),
+            duration_s=0.0,
+            exit_code=None,
+            signal=None,
+            log=None,
+            log_tail="",
+        )
+
 
 class PhaseResults(BaseModel):
     """The gates of one phase in the order they ran; ``outcome`` follows from them.
@@ -116,10 +135,17 @@ class ResultsFile(BaseModel):
     machine: MachineInfo
     phases: list[PhaseResults]
 
+    def phase(self, phase_id: str) -> PhaseResults:
+        """The results of phase ``phase_id``; ``ValueError`` when the file holds none."""
+        for phase_results in self.phases:
+            if phase_results.phase == phase_id:
+                return phase_results
+        raise ValueError(f"results hold no phase {phase_id!r}")
+
     def dump(self, path: Path) -> None:
         """Write the file as indented JSON, atomically (temp file in the same folder, rename)."""
         text = json.dumps(self.model_dump(mode="python"), indent=2, allow_nan=True) + "\n"
-        _write_atomic(Path(path), text)
+        write_atomic(Path(path), text, make_parents=True)
 
     @classmethod
     def load(cls, path: Path) -> ResultsFile:
@@ -222,18 +248,3 @@ def _as_metric_value(value: object) -> MetricValue:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

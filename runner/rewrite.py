@@ -4,17 +4,14 @@ The runner owns three things in a plan file: each phase's ``status`` value, each
 ``checkpoint`` block and the generated table between the status markers. ``render_updates``
 changes exactly those bytes (located through the YAML parser's character offsets), then
 re-parses the result and refuses to return it unless the plan is the old one with only the
-requested status and checkpoint changes. ``write_atomic`` puts the text on disk.
+requested status and checkpoint changes. ``write_plan_text`` puts the text on disk (``runner.atomic``).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import os
 import re
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
@@ -22,7 +19,9 @@ from typing import Any, Final, Literal, get_args
 from ruamel.yaml import YAML
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode
 
+from runner.atomic import write_atomic
 from runner.errors import PlanError
+from runner.formatting import format_metric, table_cell
 from runner.planfile import PlanDocument, parse_plan
 from runner.schema import Checkpoint, Phase, PhaseStatus, Plan
 
@@ -88,41 +87,18 @@ def render_status_section(plan: Plan) -> str:
         checkpoint = phase.checkpoint
         cells = [phase.id, phase.title, phase.status, "", "", ""]
         if checkpoint is not None:
-            metrics = ", ".join(f"{name}={_format_metric(value)}" for name, value in checkpoint.metrics.items())
+            metrics = ", ".join(f"{name}={format_metric(value)}" for name, value in checkpoint.metrics.items())
             cells[3:] = [f"`{checkpoint.tag}`", checkpoint.time, metrics]
-        rows.append("| " + " | ".join(_table_cell(cell) for cell in cells) + " |")
+        rows.append("| " + " | ".join(table_cell(cell) for cell in cells) + " |")
     return "\n".join(rows) + "\n"
 
 
-def write_atomic(path: Path | str, text: str) -> None:
-    """Write ``text`` (UTF-8, line endings as given) so readers see the old or the new file.
-
-    Writes a temp file in the same directory, fsyncs it, renames it over ``path`` and
-    fsyncs the directory. Keeps the mode of an existing file; follows a symlink to its target.
-    """
-    target = Path(os.path.realpath(path))
+def write_plan_text(path: Path | str, text: str) -> None:
+    """Write the plan's new text atomically (``runner.atomic``); ``PlanError`` when it cannot."""
     try:
-        mode = stat.S_IMODE(target.stat().st_mode)
-    except FileNotFoundError:
-        mode = 0o666 & ~_current_umask()
+        write_atomic(path, text)
     except OSError as error:
-        raise PlanError(f"cannot write the plan: {error.strerror or error}", path=target) from None
-    temp_name: str | None = None
-    try:
-        handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(text.encode("utf-8"))
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp_name, mode)
-        os.replace(temp_name, target)
-        temp_name = None
-        _fsync_directory(target.parent)
-    except OSError as error:
-        raise PlanError(f"cannot write the plan: {error.strerror or error}", path=target) from None
-    finally:
-        if temp_name is not None:
-            Path(temp_name).unlink(missing_ok=True)
+        raise PlanError(f"cannot write the plan: {error.strerror or error}", path=Path(path)) from None
 
 
 # --- deciding what changes ----------------------------------------------------------------
@@ -432,16 +408,6 @@ def _escape(char: str) -> str:
     return f"\\U{code:08x}"  # not a surrogate pair: YAML reads \U as one code point
 
 
-def _format_metric(value: object) -> str:
-    if isinstance(value, float) and not isinstance(value, bool):
-        return format(value, ".4g")
-    return str(value)
-
-
-def _table_cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
 # --- small utilities ----------------------------------------------------------------------
 
 
@@ -459,22 +425,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return _NAN
     return value
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        handle = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # some platforms cannot open a directory; the rename is still atomic
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)

@@ -27,7 +27,7 @@ from runner.thresholds import Threshold
 SCHEMA_VERSION = 1
 
 GateKind = Literal["build", "verify", "benchmark"]
-PhaseStatus = Literal["pending", "in-progress", "complete", "failed", "blocked"]
+PhaseStatus = Literal["pending", "complete", "failed", "blocked"]
 
 GATE_KINDS: tuple[GateKind, ...] = get_args(GateKind)
 PHASE_STATUSES: tuple[PhaseStatus, ...] = get_args(PhaseStatus)

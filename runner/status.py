@@ -9,13 +9,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from runner.errors import GitError
-from runner.gate import Workspace
 from runner.gitops import CheckpointRepo
 from runner.planning import next_phase
+from runner.workspace import Workspace
 
 
 @dataclass(frozen=True)
 class CheckpointView:
+    """A phase's checkpoint as the plan records it, with ``commit`` resolved from its tag in
+    git (``None`` outside git or when the tag is missing). The one checkpoint view: ``runner
+    status``, ``runner history`` and the HTML report all show this."""
+
+    phase: str
     tag: str
     time: str
     base: str
@@ -23,6 +28,9 @@ class CheckpointView:
     report: str
     commit: str | None
     metrics: dict[str, bool | int | float | str]
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ def plan_status(ws: Workspace) -> StatusView:
         if phase.checkpoint is not None:
             record = phase.checkpoint
             checkpoint = CheckpointView(
+                phase=phase.id,
                 tag=record.tag,
                 time=record.time,
                 base=record.base,

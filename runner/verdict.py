@@ -10,53 +10,54 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner import callgate
-from runner.results import GateResult, MetricCheck, check_thresholds
+from runner.protocol import GateFiles
+from runner.results import MetricCheck, check_thresholds
 
 
-def judge(
-    gate: Any,
-    returncode: int,
-    timed_out: bool,
-    timeout: float | None,
-    files: Mapping[str, Path],
-    result: Callable[..., GateResult],
-    artifacts: dict[str, str] | None = None,
-) -> GateResult:
+@dataclass(frozen=True)
+class Verdict:
+    """A gate's outcome with its reason, and the fields of its ``GateResult`` that follow
+    from what the process left behind."""
+
+    outcome: str
+    reason: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    checks: list[MetricCheck] = field(default_factory=list)
+    exit_code: int | None = None
+    signal: str | None = None
+
+
+def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, files: GateFiles) -> Verdict:
+    """The verdict on a finished gate process (see the module docstring for the precedence)."""
     exit_code = returncode if returncode >= 0 else None
     sig_name = _signal_name(-returncode) if returncode < 0 else None
-    metrics, metrics_problem = _read_metrics(files["metrics"])
+    metrics, metrics_problem = _read_metrics(files.metrics)
     expect = getattr(gate, "expect", None) or {}
     checks = check_thresholds(expect, metrics) if metrics_problem is None else []
-    fields = {
-        "metrics": metrics,
-        "checks": checks,
-        "exit_code": exit_code,
-        "signal": sig_name,
-        "artifacts": artifacts or {},
-    }
-    status = callgate.read_status(files["status"]) if getattr(gate, "call", None) else None
+    fields = {"metrics": metrics, "checks": checks, "exit_code": exit_code, "signal": sig_name}
+    status = callgate.read_status(files.status) if getattr(gate, "call", None) else None
 
     if timed_out:
-        return result("FAIL", f"timed out after {timeout:g} s", **fields)
+        return Verdict("FAIL", f"timed out after {timeout:g} s", **fields)
     if status is not None and status[0] == callgate.STATUS_NOT_LOADED:
-        return result("ERROR", status[1], **fields)
+        return Verdict("ERROR", status[1], **fields)
     if status is not None and status[0] in (callgate.STATUS_RAISED, callgate.STATUS_BAD_RETURN):
-        return result("FAIL", status[1], **fields)
+        return Verdict("FAIL", status[1], **fields)
     if sig_name is not None:
-        return result("FAIL", f"killed by {_maybe_oom(sig_name)}", **fields)
+        return Verdict("FAIL", f"killed by {_maybe_oom(sig_name)}", **fields)
     if returncode != 0:
-        return result("FAIL", _exit_reason(gate, returncode), **fields)
+        return Verdict("FAIL", _exit_reason(gate, returncode), **fields)
     if metrics_problem is not None:
-        return result("ERROR", metrics_problem, **fields)
+        return Verdict("ERROR", metrics_problem, **fields)
     failed = [check for check in checks if not check.ok]
     if failed:
-        return result("FAIL", "; ".join(_check_reason(check) for check in failed), **fields)
-    return result("PASS", _pass_reason(checks), **fields)
+        return Verdict("FAIL", "; ".join(_check_reason(check) for check in failed), **fields)
+    return Verdict("PASS", _pass_reason(checks), **fields)
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -13,7 +12,6 @@ from rich.live import Live
 from rich.text import Text
 
 from runner.errors import ExitCode, RunnerError
-from runner.gate import Workspace, open_workspace
 from runner.results import GateResult
 
 EXIT_CODES_EPILOG = (
@@ -51,21 +49,12 @@ def domain_errors() -> Iterator[None]:
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
 
-def workspace(plan: Path | None) -> Workspace:
-    return open_workspace(plan)
-
-
-def say(line: str) -> None:
-    typer.echo(line)
-
-
 class GateOutput:
     """Prints each gate's result as it comes and, on a terminal, a live line while it runs."""
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or stderr_console()
         self.live: Live | None = None
-        self._started: dict[str, float] = {}
 
     @contextmanager
     def running(self) -> Iterator[GateOutput]:

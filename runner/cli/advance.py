@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from runner.advance import advance as advance_plan
-from runner.cli._common import PLAN_HELP, GateOutput, domain_errors, workspace
+from runner.cli._common import PLAN_HELP, GateOutput, domain_errors
+from runner.workspace import open_workspace
 
 
 def advance(
@@ -44,7 +45,7 @@ def advance(
     """
     output = GateOutput()
     with domain_errors():
-        ws = workspace(plan)
+        ws = open_workspace(plan)
         with output.running():
             outcome = advance_plan(
                 ws,

@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from runner.cli._common import PLAN_HELP, domain_errors, workspace
-from runner.cli.history import text_columns
+from runner.cli._common import PLAN_HELP, domain_errors
 from runner.errors import ExitCode
+from runner.formatting import format_metric, text_columns
 from runner.history import resolve_run
 from runner.metrics_diff import MetricDelta, diff_runs
-from runner.report import format_metric
+from runner.workspace import open_workspace
 
 REF_HELP = "A run id (or its start), a results.json or run folder path, or a PLAN/PHASE checkpoint tag."
 
@@ -33,7 +33,7 @@ def diff(
     flagged.
     """
     with domain_errors():
-        ws = workspace(plan)
+        ws = open_workspace(plan)
         result = diff_runs(ws.plan, resolve_run(ws, old), resolve_run(ws, new), labels=(old, new), root=ws.root)
     code = ExitCode.GATE_FAILED if result.regressions else ExitCode.OK
     if as_json:

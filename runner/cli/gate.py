@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
-from runner.cli._common import PLAN_HELP, GateOutput, domain_errors, workspace
-from runner.gate import check_phases, interrupt_on_sigterm
+from runner.cli._common import PLAN_HELP, GateOutput, domain_errors
+from runner.gate import check_phases
+from runner.runs import interrupt_on_sigterm
+from runner.workspace import open_workspace
 
 
 def gate(
@@ -54,7 +56,7 @@ def gate(
     """
     output = GateOutput()
     with domain_errors():
-        ws = workspace(plan)
+        ws = open_workspace(plan)
         with interrupt_on_sigterm(), output.running():
             check = check_phases(
                 ws,

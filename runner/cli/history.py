@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
-from runner.cli._common import PLAN_HELP, domain_errors, workspace
-from runner.history import describe_machine, find_runs, plan_checkpoints, short
+from runner.cli._common import PLAN_HELP, domain_errors
+from runner.formatting import short, text_columns
+from runner.history import describe_machine, find_runs, plan_checkpoints
+from runner.workspace import open_workspace
 
 
 def history(
@@ -23,7 +25,7 @@ def history(
     from reports/PLAN/PHASE/RUN/results.json, and the phases' checkpoints.
     """
     with domain_errors():
-        ws = workspace(plan)
+        ws = open_workspace(plan)
         if phase is not None:
             ws.plan.phase(phase)  # an unknown phase is a usage error naming the known ones
         scan = find_runs(ws.root, ws.plan.id, phase)
@@ -60,7 +62,3 @@ def history(
         lines.append(f"skipped: {problem}")
     typer.echo("\n".join(lines))
 
-
-def text_columns(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]

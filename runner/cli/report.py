@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from runner.cli._common import PLAN_HELP, domain_errors, workspace
+from runner.cli._common import PLAN_HELP, domain_errors
 from runner.html_report import DEFAULT_OUT, write_html_report
+from runner.workspace import open_workspace
 
 
 def report(
@@ -19,10 +20,10 @@ def report(
     ] = None,
 ) -> None:
     """Write one static HTML page for the plan: the phases as a timeline with their
-    checkpoints, each phase's latest gate results, and plots of the benchmark sweep and the
-    headline metrics across runs. It needs no server or network to read.
+    checkpoints, each phase's latest gate results, and plots of what the gates declared
+    (*.plot.json artifacts) and of the headline metrics across runs. It needs no server or network to read.
     """
     with domain_errors():
-        ws = workspace(plan)
+        ws = open_workspace(plan)
         target = write_html_report(ws, out if out is not None else ws.root / DEFAULT_OUT)
     typer.echo(f"report written to {target}")

@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from runner.cli._common import PLAN_HELP, domain_errors, stdout_console, workspace
-from runner.report import format_metric
+from runner.cli._common import PLAN_HELP, domain_errors, stdout_console
+from runner.formatting import format_metric
 from runner.status import StatusView, plan_status
+from runner.workspace import open_workspace
 
 
 def status(
@@ -20,7 +21,7 @@ def status(
 ) -> None:
     """Show each phase's status, last checkpoint and headline metrics, and the next phase."""
     with domain_errors():
-        view = plan_status(workspace(plan))
+        view = plan_status(open_workspace(plan))
     if as_json:
         typer.echo(json.dumps(view.to_json(), indent=2))
         return

@@ -1,7 +1,7 @@
 """Throwaway repositories with a small plan, and helpers to drive the CLI in them.
 
-Import the fixtures into a test module (``from tests.runner.repo_fixtures import runner_env``)
-so pytest finds them without a ``conftest.py``.
+The ``runner_env`` fixture lives in ``tests/runner/conftest.py``; it is still importable from
+here for test modules that import it by name.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
-from runner import machine as machine_module
 from runner.cli import app
 from runner.machine import MachineInfo, parse_devices
 
@@ -176,20 +174,6 @@ def fake_machine() -> MachineInfo:
     )
 
 
-@pytest.fixture
-def runner_env(monkeypatch, tmp_path):
-    """Isolated git config, ``RUNNER_DEVICES=cpu`` and a fast fake machine probe."""
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-global-gitconfig"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
-                "GIT_COMMITTER_EMAIL", "EMAIL", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("RUNNER_DEVICES", "cpu")
-    monkeypatch.setattr(machine_module, "probe_machine", fake_machine)
-    return monkeypatch
-
-
 @dataclass
 class Outcome:
     exit_code: int
@@ -206,3 +190,11 @@ def cli(monkeypatch, cwd: Path, *args: str) -> Outcome:
     monkeypatch.chdir(cwd)
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
     return Outcome(result.exit_code, result.stdout, result.stderr)
+
+
+def __getattr__(name: str):
+    if name == "runner_env":  # the fixture moved to conftest.py; older imports keep working
+        from tests.runner.conftest import runner_env
+
+        return runner_env
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,17 +1,28 @@
 """Synthetic runs under ``reports/<plan>/<phase>/<run-id>/results.json`` for history, diff,
-report and JUnit tests, and the real H200 run of the kernel phase shipped in ``reports/``."""
+report and JUnit tests, and the sample project under ``tests/runner/data/sample/``: a frozen
+plan and a real H200 run, so no runner test reads the campaign's ``plans/`` or ``reports/``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from runner.planfile import load_plan
 from runner.results import GateResult, PhaseResults, ResultsFile
+from runner.workspace import Workspace
 from tests.runner.repo_fixtures import fake_machine
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_RUN = ROOT / "reports" / "mla-verify" / "kernel" / "20261130T001525Z-a7576174"
+"""The repository root (for ``PYTHONPATH`` of gate processes that import ``runner``)."""
+SAMPLE_ROOT = Path(__file__).resolve().parent / "data" / "sample"
+SAMPLE_PLAN = SAMPLE_ROOT / "plans" / "sample.md"
+REAL_RUN = SAMPLE_ROOT / "reports" / "mla-verify" / "kernel" / "20261130T001525Z-a7576174"
 REAL_RESULTS = REAL_RUN / "results.json"
+
+
+def sample_workspace() -> Workspace:
+    """The sample project as a workspace (its root has no ``.git`` of its own)."""
+    return Workspace(SAMPLE_ROOT, SAMPLE_PLAN, load_plan(SAMPLE_PLAN))
 
 
 def gate_result(name: str, kind: str = "verify", outcome: str = "PASS", **fields: Any) -> GateResult:

@@ -21,7 +21,6 @@ from tests.runner.repo_fixtures import (
     default_phases,
     gate,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
     write,
 )
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from runner.gate import open_workspace
+from runner.workspace import open_workspace
 from runner.history import resolve_run
 from runner.metrics_diff import compare_metric, diff_runs
 from runner.schema import Gate
@@ -18,9 +18,8 @@ from tests.runner.repo_fixtures import (
     default_phases,
     gate,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
 )
-from tests.runner.run_samples import REAL_RESULTS, ROOT, check_run, gate_result, results, write_run
+from tests.runner.run_samples import REAL_RESULTS, SAMPLE_ROOT, check_run, gate_result, results, sample_workspace, write_run
 
 OLD = ("20261201T000000Z-aaaaaaaa", "2026-12-01T00:00:00Z")
 NEW = ("20261202T000000Z-bbbbbbbb", "2026-12-02T00:00:00Z")
@@ -146,8 +145,8 @@ def test_runs_without_a_shared_phase_are_a_usage_error(tmp_path, runner_env):
 
 
 def test_real_kernel_run_against_itself_on_the_shipped_plan():
-    ws = open_workspace(None, cwd=ROOT)
-    run = resolve_run(ws, str(REAL_RESULTS), cwd=ROOT)
+    ws = sample_workspace()
+    run = resolve_run(ws, str(REAL_RESULTS), cwd=SAMPLE_ROOT)
     result = diff_runs(ws.plan, run, run)
     assert result.comparable and not result.regressions
     assert {row.verdict for row in result.rows} == {"unchanged"}

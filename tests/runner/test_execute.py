@@ -308,7 +308,7 @@ class FakeRunner:
         self.outcomes = outcomes
         self.calls: list[tuple[str, Path]] = []
 
-    def __call__(self, gate, *, repo_root, log_path, env=None, report_dir=None):
+    def __call__(self, gate, *, repo_root, log_path, env=None, report_dir=None, on_progress=None):
         self.calls.append((gate.name, log_path))
         return GateResult(
             name=gate.name, kind=gate.kind, outcome=self.outcomes.get(gate.name, "PASS"),

@@ -13,7 +13,6 @@ from tests.runner.repo_fixtures import (
     default_phases,
     gate,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
     snapshot,
     write,
 )

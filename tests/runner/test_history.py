@@ -7,20 +7,19 @@ import json
 import pytest
 
 from runner.errors import UsageError
-from runner.gate import open_workspace
+from runner.workspace import open_workspace
 from runner.history import find_runs, latest_runs, resolve_run
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
     snapshot,
     write,
 )
-from tests.runner.run_samples import REAL_RESULTS, ROOT, check_run
+from tests.runner.run_samples import REAL_RESULTS, SAMPLE_ROOT, check_run
 
 
 def test_finds_the_real_kernel_run_of_the_shipped_plan():
-    scan = find_runs(ROOT, "mla-verify", "kernel")
+    scan = find_runs(SAMPLE_ROOT, "mla-verify", "kernel")
     [run] = [run for run in scan.runs if run.path == REAL_RESULTS]
     assert run.phase == "kernel" and run.outcome == "FAIL"
     assert run.machine.gpu_name == "NVIDIA H200"

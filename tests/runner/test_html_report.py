@@ -1,5 +1,6 @@
 """``runner report``: the plan's HTML page, its plots, and every template rendered on the real
-H200 kernel run in ``reports/mla-verify/kernel/``; the page is opened in headless chromium."""
+H200 kernel run of the sample project (``tests/runner/data/sample/``); the page is opened in
+headless chromium."""
 
 from __future__ import annotations
 
@@ -12,18 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from runner.gate import open_workspace
+from runner.workspace import open_workspace
 from runner.html_report import render_html_report, write_html_report
-from runner.plots import benchmark_plots, oracle_gbps, sweep_shapes
 from runner.report import ReportContext, render_report
 from runner.results import ResultsFile
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
     snapshot,
 )
-from tests.runner.run_samples import REAL_RESULTS, REAL_RUN, ROOT, check_run
+from tests.runner.run_samples import REAL_RESULTS, REAL_RUN, check_run, sample_workspace
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -31,44 +30,12 @@ CHROMIUM_FLAGS = [
 ]
 
 
-def real_bench() -> dict:
-    results = ResultsFile.load(REAL_RESULTS)
-    bench = next(gate for gate in results.phases[0].gates if gate.name == "benchmark")
-    return json.loads(bench.artifacts["bench.json"])
-
-
 @pytest.fixture(scope="module")
 def shipped_page(tmp_path_factory) -> tuple[Path, str]:
-    """The shipped plan's page, written outside the tree (links then climb back into it)."""
+    """The sample plan's page, written outside the tree (links then climb back into it)."""
     out = tmp_path_factory.mktemp("page") / "index.html"
-    write_html_report(open_workspace(None, cwd=ROOT), out)
+    write_html_report(sample_workspace(), out)
     return out, out.read_text()
-
-
-def test_sweep_shapes_of_the_real_benchmark():
-    shapes = sweep_shapes(real_bench())
-    assert len(shapes) == 8 and (16, 1) in shapes and (64, 32) in shapes
-    contexts = [row["context"] for row in shapes[(16, 8)]]
-    assert contexts == sorted(contexts) and contexts[0] == 4096 and len(contexts) == 5
-    assert all(row["kind"] == "sweep" for rows in shapes.values() for row in rows)
-
-
-def test_oracle_bandwidth_is_kv_bytes_over_the_oracle_time():
-    row = next(r for r in real_bench()["rows"] if r["name"] == "h16_t1_64k")
-    kv_bytes = row["total_kv"] * 576 * 2
-    assert oracle_gbps(row) == pytest.approx(kv_bytes / (row["oracle_us"] * 1e-6) / 1e9, rel=2e-3)
-    assert oracle_gbps({"kv_GBps": 1.0, "time_us": 1.0, "oracle_us": None}) is None
-
-
-def test_benchmark_plots_are_inline_svg_and_skip_data_without_rows():
-    plots = benchmark_plots(real_bench())
-    assert [plot.title.split(" vs ")[0] for plot in plots] == ["Roofline fraction", "KV bandwidth"]
-    for plot in plots:
-        assert plot.svg.startswith("<svg") and plot.svg.rstrip().endswith("</svg>")
-        assert re.search(r'href="https?:', plot.svg) is None and "<image" not in plot.svg  # self-contained
-    assert "naive oracle" in plots[1].svg
-    assert benchmark_plots({"rows": [{"kind": "batch", "context": 1, "frac": 0.5}]}) == []
-    assert benchmark_plots({"cases": []}) == []
 
 
 def test_shipped_plan_page(shipped_page):
@@ -78,7 +45,7 @@ def test_shipped_plan_page(shipped_page):
         assert f'id="phase-{phase}"' in html
     assert "20261130T001525Z-a7576174" in html and "NVIDIA H200" in html
     assert "min_frac_memory_64k" in html and "&gt;= 0.80" in html
-    assert html.count("<svg") >= 2 + 4  # two sweep plots, four headline metrics across runs
+    assert html.count("<svg") >= 4  # four headline metrics across runs
     assert "<script" not in html and 'src="http' not in html and "<link" not in html
     links = re.findall(r'href="([^"#][^"]*)"', html)
     assert links and all(not link.startswith(("http:", "https:", "/")) for link in links)
@@ -114,7 +81,7 @@ def test_report_defaults_to_reports_index(tmp_path, runner_env):
 
 
 def test_run_report_markdown_on_the_real_run():
-    ws = open_workspace(None, cwd=ROOT)
+    ws = sample_workspace()
     results = ResultsFile.load(REAL_RESULTS)
     phase = ws.plan.phase("kernel")
     text = render_report(results, ReportContext(plan=ws.plan, phase=phase, outcome="FAIL"), run_dir=REAL_RUN)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from runner.planfile import load_plan
-from tests.runner.repo_fixtures import cli, runner_env  # noqa: F401 - fixture
+from tests.runner.repo_fixtures import cli
 
 
 def test_init_writes_a_plan_that_loads_and_status_reads(tmp_path, runner_env):

@@ -12,7 +12,6 @@ from runner.results import ResultsFile
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
     snapshot,
 )
 from tests.runner.run_samples import REAL_RESULTS, gate_result, results

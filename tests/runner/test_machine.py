@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -16,9 +17,9 @@ BASE = dict(hostname="gpu-host-1", platform="Linux-x", arch="x86_64", python="3.
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
-    machine.clear_probe_cache()
+    machine._cached_probe.cache_clear()
     yield
-    machine.clear_probe_cache()
+    machine._cached_probe.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -67,7 +68,40 @@ def test_probe_real_machine_cached_and_overridden(monkeypatch):
     assert probe_machine() is info  # cached
     monkeypatch.setenv("RUNNER_DEVICES", "cuda")
     forced = probe_machine()
-    assert forced.devices == ["cpu", "cuda"] and forced.has_device("cuda")
+    assert forced.devices == ["cpu", "cuda"]
     monkeypatch.setenv("RUNNER_DEVICES", "cpu")
     assert probe_machine().devices == ["cpu"]
     assert machine._cached_probe.cache_info().misses == 1
+
+
+def test_probe_without_torch_reports_no_torch(tmp_path):
+    bare = tmp_path / "bare-python"  # the same interpreter without site-packages: no torch, no triton
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    info = machine._probe(python=str(bare), timeout_s=30)
+    assert (info.torch, info.triton, info.cuda, info.devices) == (None, None, None, ["cpu"])
+    assert "torch" not in info.software() and "triton" not in info.software()
+    assert info.software() == f"python {info.python}"
+
+
+def test_software_lists_only_what_is_installed():
+    assert MachineInfo(**BASE).software() == "python 3.11.7, torch 2.5.1, triton 3.1.0, CUDA 12.4, driver 550.54"
+    bare = MachineInfo(**BASE | {"torch": None, "triton": None, "cuda": None, "driver": None})
+    assert bare.software() == "python 3.11.7"
+
+
+def test_without_torch_the_gpus_nvidia_smi_lists_decide_cuda(tmp_path, monkeypatch):
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H200, 570.1\\nNVIDIA H200, 570.1\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    info = machine._probe(python=str(bare), timeout_s=30)
+    assert info.devices == ["cpu", "cuda"] and info.torch is None
+    assert (info.gpu_name, info.gpu_count, info.driver) == ("NVIDIA H200", 2, "570.1")
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert machine._probe(python=str(bare), timeout_s=30).devices == ["cpu"]

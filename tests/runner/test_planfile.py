@@ -65,7 +65,7 @@ LOCATED_ERRORS = [
     ("- id: two", "- id: one", 24, "one", "phases[1].id", None),
     ("- name: speed", "- name: build", 14, "build", "phases[0].gates[1].name", None),
     ("status: pending", "status: complet", 8, "complet", "phases[0].status", "did you mean 'complete'?"),
-    ("status: pending", "status: done", 8, "done", "phases[0].status", "choices: pending, in-progress"),
+    ("status: pending", "status: done", 8, "done", "phases[0].status", "choices: pending, complete"),
     ("schema: 1", "schema: 2", 2, "2", "schema", None),
     ("id: demo ", 'id: "-demo"', 3, '"-demo"', "id", None),
     ("call: mypkg.bench:run", "call: mypkg.bench.run", 16, "mypkg", "phases[0].gates[1].call", None),

@@ -23,7 +23,7 @@ def _plan(*statuses: str) -> Plan:
     [
         (("pending", "pending"), "p0"),
         (("complete", "pending"), "p1"),
-        (("complete", "in-progress", "pending"), "p1"),
+        (("complete", "failed", "pending"), "p1"),
         (("complete", "failed"), "p1"),
         (("complete", "blocked", "complete"), "p1"),
         (("pending", "complete", "complete"), "p0"),  # a later complete phase does not skip p0

@@ -26,7 +26,6 @@ from tests.runner.repo_fixtures import (
     fake_machine,
     gate,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
 )
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,6 @@ from tests.runner.repo_fixtures import (
     gate,
     make_repo,
     plan_text,
-    runner_env,  # noqa: F401 - fixture
     snapshot,
     write,
 )
@@ -111,17 +110,16 @@ def test_call_that_resolves_runs_and_later_phases_are_not_checked(tmp_path, runn
     assert "check (verify): ERROR" in result.stderr
 
 
-def test_calls_of_the_shipped_plan_resolve_without_importing_them():
+def test_calls_of_the_sample_plan_resolve_without_importing_them():
     import sys
-    from pathlib import Path
 
     from runner.preflight import check_calls
+    from tests.runner.run_samples import SAMPLE_PLAN, SAMPLE_ROOT
 
-    root = Path(__file__).resolve().parents[2]
-    doc = load_plan(root / "plans" / "0002-mla-verify-kernel-defrag.md")
+    doc = load_plan(SAMPLE_PLAN)
     loaded = set(sys.modules)
-    check_calls(doc, doc.plan.phases[0], root)
-    assert {name for name in set(sys.modules) - loaded if name.startswith(("phases", "kernel", "torch"))} == set()
+    check_calls(doc, doc.plan.phases[0], SAMPLE_ROOT)  # importing them would raise
+    assert {name for name in set(sys.modules) - loaded if name.startswith(("sample_gates", "torch"))} == set()
 
 
 # --- fuzz -------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 
 from runner import execute
 from runner.execute import run_gate
-from runner.report import ReportContext, headline_metrics, new_run_id, run_folder, write_report
+from runner.report import ReportContext, headline_metrics, write_report
+from runner.runs import new_run_id, run_folder
 from runner.results import GateResult, PhaseResults, ResultsFile
 from runner.schema import Plan
 from tests.runner.gate_helpers import make_gate

@@ -132,3 +132,13 @@ def test_load_reports_invalid_fields(tmp_path):
         ResultsFile.load(path)
     message = str(info.value)
     assert "phases.0.gates.0.outcome" in message and "fingerprint" in message
+
+
+def test_results_dump_is_atomic_and_creates_folders(tmp_path):
+    from runner.atomic import write_atomic
+
+    target = tmp_path / "deep" / "er" / "results.json"
+    write_atomic(target, "{}\n", make_parents=True)
+    assert target.read_text() == "{}\n" and sorted(p.name for p in target.parent.iterdir()) == ["results.json"]
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "missing" / "x.json", "{}")

@@ -17,7 +17,7 @@ from ruamel.yaml import YAML
 
 from runner.errors import PlanError
 from runner.planfile import STATUS_BEGIN, STATUS_END, load_plan, parse_plan
-from runner.rewrite import KEEP, PhaseUpdate, render_status_section, render_updates, write_atomic
+from runner.rewrite import KEEP, PhaseUpdate, render_status_section, render_updates, write_plan_text
 from runner.schema import PHASE_STATUSES, Checkpoint, Plan
 
 from .plan_samples import MARKDOWN_PLAN, YAML_PLAN, write_plan
@@ -55,12 +55,12 @@ def _expected_plan(plan: Plan, updates: dict[str, PhaseUpdate]) -> Plan:
 
 def test_status_change_keeps_comment_and_spacing(tmp_path: Path) -> None:
     doc = _doc(tmp_path, MARKDOWN_PLAN)
-    text = render_updates(doc, {"one": PhaseUpdate("in-progress")})
+    text = render_updates(doc, {"one": PhaseUpdate("blocked")})
     before, after = MARKDOWN_PLAN.split(STATUS_BEGIN)
     new_before, new_after = text.split(STATUS_BEGIN)
-    assert new_before == before.replace("status: pending   #", "status: in-progress   #")
+    assert new_before == before.replace("status: pending   #", "status: blocked   #")
     assert new_after.split(STATUS_END)[1] == after.split(STATUS_END)[1]
-    assert "| one | First phase | in-progress |" in new_after
+    assert "| one | First phase | blocked |" in new_after
 
 
 def test_missing_status_is_inserted_after_the_id_line(tmp_path: Path) -> None:
@@ -73,10 +73,10 @@ def test_missing_status_is_inserted_after_the_id_line(tmp_path: Path) -> None:
 def test_crlf_is_kept_everywhere(tmp_path: Path) -> None:
     crlf = MARKDOWN_PLAN.replace("\n", "\r\n")
     doc = _doc(tmp_path, crlf)
-    text = render_updates(doc, {"one": PhaseUpdate("complete", CHECKPOINT), "two": PhaseUpdate("in-progress")})
+    text = render_updates(doc, {"one": PhaseUpdate("complete", CHECKPOINT), "two": PhaseUpdate("blocked")})
     assert "\n" not in text.replace("\r\n", "")
     assert "    status: complete   # written by the runner\r\n    checkpoint:\r\n      tag: demo/one\r\n" in text
-    assert "  - id: two\r\n    status: in-progress\r\n" in text
+    assert "  - id: two\r\n    status: blocked\r\n" in text
 
 
 def test_checkpoint_is_inserted_after_the_status_line(tmp_path: Path) -> None:
@@ -217,29 +217,29 @@ def test_status_section_table() -> None:
     )
 
 
-# --- write_atomic -------------------------------------------------------------------------
+# --- write_plan_text -------------------------------------------------------------------------
 
 
-def test_write_atomic_keeps_mode_and_leaves_no_temp_files(tmp_path: Path) -> None:
+def test_write_plan_text_keeps_mode_and_leaves_no_temp_files(tmp_path: Path) -> None:
     path = write_plan(tmp_path, "old\n")
     os.chmod(path, 0o640)
-    write_atomic(path, "new\r\nlines é\r\n")
+    write_plan_text(path, "new\r\nlines é\r\n")
     assert path.read_bytes() == "new\r\nlines é\r\n".encode()
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.md"]
 
 
-def test_write_atomic_new_file_and_symlink(tmp_path: Path) -> None:
-    write_atomic(tmp_path / "fresh.md", "x")
+def test_write_plan_text_new_file_and_symlink(tmp_path: Path) -> None:
+    write_plan_text(tmp_path / "fresh.md", "x")
     assert (tmp_path / "fresh.md").read_text() == "x"
     (tmp_path / "link.md").symlink_to(tmp_path / "fresh.md")
-    write_atomic(tmp_path / "link.md", "y")
+    write_plan_text(tmp_path / "link.md", "y")
     assert (tmp_path / "link.md").is_symlink() and (tmp_path / "fresh.md").read_text() == "y"
 
 
-def test_write_atomic_failure_is_a_plan_error(tmp_path: Path) -> None:
+def test_write_plan_text_failure_is_a_plan_error(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="cannot write"):
-        write_atomic(tmp_path / "missing-dir" / "plan.md", "x")
+        write_plan_text(tmp_path / "missing-dir" / "plan.md", "x")
 
 
 # --- generated plans ----------------------------------------------------------------------

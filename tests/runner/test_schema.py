@@ -92,7 +92,7 @@ def test_call_gate_with_args_is_valid() -> None:
         (_plan({"id": "a", "gates": [_gate()]}, {"id": "a", "gates": [_gate()]}), "phase id 'a' is used twice"),
         (_plan({"id": "a", "gates": [_gate(), _gate()]}), "gate name 'g' is used twice"),
         (_plan({"id": "a", "gates": []}), "at least 1 item"),
-        (_plan({"id": "a", "status": "done", "gates": [_gate()]}), "'pending', 'in-progress'"),
+        (_plan({"id": "a", "status": "done", "gates": [_gate()]}), "'pending', 'complete'"),
         ({**_plan(), "phases": []}, "at least 1 item"),
     ],
 )

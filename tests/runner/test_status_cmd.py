@@ -8,7 +8,6 @@ from tests.runner.repo_fixtures import (
     cli,
     copy_without_git,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
     snapshot,
 )
 

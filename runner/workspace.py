@@ -1,0 +1,86 @@
+"""The context every command starts from: the repository root, the plan file and the plan.
+
+``open_workspace`` finds the root (the nearest folder with ``.git``, or the start folder on a
+GPU host that holds a plain copy of the tree) and the plan, and loads it. ``Workspace`` also
+computes the tree fingerprint with the plan file and ``reports/`` left out. Reads only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.fingerprint import tree_fingerprint
+from runner.planfile import PlanDocument, find_plan, load_plan
+from runner.schema import Plan
+
+REPORTS_DIR = "reports"
+"""Where runs are kept, relative to the root: ``reports/<plan>/<phase>/<run-id>/``."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(text: str) -> str:
+    """``text`` reduced to letters, digits and ``._-`` (for folder and file names)."""
+    return _UNSAFE.sub("-", text).strip("-.") or "x"
+
+
+def find_repo_root(start: Path | None = None) -> Path:
+    """The nearest folder from ``start`` (default: the working directory) upwards that has a
+    ``.git``; ``start`` itself when there is none (a GPU host's copy of the tree)."""
+    start = Path(start or Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return start
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The repository root, the plan file and the plan as loaded."""
+
+    root: Path
+    plan_path: Path
+    doc: PlanDocument
+
+    @property
+    def plan(self) -> Plan:
+        return self.doc.plan
+
+    @property
+    def plan_rel(self) -> str:
+        """The plan's path relative to the root (POSIX), or absolute when it lies outside."""
+        try:
+            return self.plan_path.resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            return str(self.plan_path)
+
+    def fingerprint(self, also_exclude: Sequence[Path] = ()) -> str:
+        """The tree fingerprint, without the plan file and ``reports/``.
+
+        ``also_exclude`` names the runner's own files for this command (a results file, a logs
+        folder): those inside the root are left out too, so writing or copying them into the
+        tree does not change the fingerprint.
+        """
+        exclude = [self.plan_rel, REPORTS_DIR]
+        for path in also_exclude:
+            try:
+                exclude.append(Path(path).resolve().relative_to(self.root.resolve()).as_posix())
+            except ValueError:
+                continue  # outside the tree: not part of the fingerprint anyway
+        return tree_fingerprint(self.root, exclude=exclude)
+
+    def reload(self) -> Workspace:
+        return Workspace(self.root, self.plan_path, load_plan(self.plan_path))
+
+
+def open_workspace(plan: Path | None = None, cwd: Path | None = None) -> Workspace:
+    """Find the root from ``cwd``, the plan (``find_plan``) and load it."""
+    root = find_repo_root(cwd)
+    explicit = plan
+    if explicit is not None and cwd is not None and not explicit.is_absolute():
+        explicit = Path(cwd) / explicit
+    plan_path = find_plan(root, explicit)
+    return Workspace(root, plan_path, load_plan(plan_path))

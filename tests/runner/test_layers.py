@@ -1,0 +1,79 @@
+"""The runner's import graph: no cycles, read-only modules above no execution, the CLI on top.
+
+Edges are read from the source (``from runner.x import ...`` and ``import runner.x``, at any
+depth of the module), so a lazy import inside a function counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+RUNNER = Path(__file__).resolve().parents[2] / "runner"
+
+# The foundation: imports nothing of the runner but these (a gate imports gatekit).
+BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.protocol",
+        "runner.atomic", "runner.gatekit"}
+# Read-only views: they must not pull in gate execution, locking or the use cases.
+READ_ONLY = {"runner.workspace", "runner.status", "runner.history", "runner.html_report",
+             "runner.metrics_diff", "runner.plots", "runner.report", "runner.formatting"}
+EXECUTION = {"runner.execute", "runner.runs", "runner.gate", "runner.advance", "runner.lock",
+             "runner.verdict", "runner.procgroup", "runner.gatelog"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(RUNNER.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {_module_name(path): path for path in RUNNER.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    child = f"{node.module}.{alias.name}"
+                    targets.append(child if child in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+GRAPH = import_graph()
+
+
+def test_no_cycles():
+    graphlib.TopologicalSorter(GRAPH).prepare()  # raises CycleError naming the cycle
+
+
+@pytest.mark.parametrize("module", sorted(BASE))
+def test_base_modules_import_only_the_base(module):
+    assert GRAPH[module] - BASE - {"runner"} == set()
+
+
+@pytest.mark.parametrize("module", sorted(READ_ONLY))
+def test_read_only_modules_reach_no_execution(module):
+    assert reachable(GRAPH, module) & EXECUTION == set()
+
+
+def test_only_the_cli_imports_the_cli():
+    for module, targets in GRAPH.items():
+        if not module.startswith("runner.cli") and module != "runner.__main__":
+            assert not {t for t in targets if t.startswith("runner.cli")}, module
