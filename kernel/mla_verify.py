@@ -47,40 +47,27 @@ class Workspace:
 
     partial_o: fp32 [capacity * BLOCK_M * BLOCK_DV elements] and partial_lse: fp32
     [capacity * BLOCK_M] (split partials, read as [num_work, BLOCK_M, BLOCK_DV] and
-    [num_work, BLOCK_M]); p_scratch: q's dtype and alpha_scratch: fp32, per-program P staging,
-    used only with ``TileConfig.scratch_p``.
+    [num_work, BLOCK_M]).
     """
 
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
-    p_scratch: torch.Tensor
-    alpha_scratch: torch.Tensor
 
     @staticmethod
-    def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> "Workspace":
+    def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device) -> "Workspace":
         """Room for ``max_work`` work items of ``config`` (see ``max_work_items`` for a bound)."""
-        programs = max_work * config.dv_splits if config.scratch_p else 1
         return Workspace(
             torch.empty(max_work * config.block_m * dims.block_dv, dtype=torch.float32, device=device),
             torch.empty(max_work * config.block_m, dtype=torch.float32, device=device),
-            torch.empty(programs * config.block_m * config.block_n, dtype=dtype, device=device),
-            torch.empty(programs * config.block_m, dtype=torch.float32, device=device),
         )
 
-    def fits(self, plan: MLAVerifyPlan, dtype: torch.dtype = torch.bfloat16) -> bool:
-        """Whether this workspace can hold ``plan``'s split partials and P staging."""
+    def fits(self, plan: MLAVerifyPlan) -> bool:
+        """Whether this workspace can hold ``plan``'s split partials."""
         cfg = plan.config
-        partials_ok = not plan.needs_combine or (
+        return not plan.needs_combine or (
             self.partial_o.numel() >= plan.num_work * cfg.block_m * plan.dims.block_dv
             and self.partial_lse.numel() >= plan.num_work * cfg.block_m
         )
-        programs = plan.num_work * cfg.dv_splits
-        scratch_ok = not cfg.scratch_p or (
-            self.p_scratch.numel() >= programs * cfg.block_m * cfg.block_n
-            and self.alpha_scratch.numel() >= programs * cfg.block_m
-            and self.p_scratch.dtype == dtype
-        )
-        return partials_ok and scratch_ok
 
 
 def make_plan(
@@ -130,22 +117,19 @@ def run_plan(
     cfg, dims = plan.config, plan.dims
     if plan.num_work == 0:
         return None
-    assert workspace.fits(plan, q.dtype), "workspace smaller than the plan"
+    assert workspace.fits(plan), "workspace smaller than the plan"
     upcast = interpreting()
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)  # any pointer when causal
-    dv_splits = cfg.dv_splits
-    assert dims.block_dv % dv_splits == 0 and dims.block_dv // dv_splits >= 16
-    compiled = _mla_verify_split_kernel[(plan.num_work, dv_splits)](
+    compiled = _mla_verify_split_kernel[(plan.num_work,)](
         q, kv, kv_indices, mask_arg, out, workspace.partial_o, workspace.partial_lse,
-        workspace.p_scratch, workspace.alpha_scratch,
         qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
         D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
-        BLOCK_DV=dims.block_dv // dv_splits, DV_SPLITS=dv_splits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=upcast, KEYS_AS_M=cfg.keys_as_m, SCRATCH_P=cfg.scratch_p,
+        BLOCK_DV=dims.block_dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=upcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if plan.needs_combine and combine:
@@ -200,8 +184,6 @@ class MLAVerifyWrapper:
         return Workspace(
             torch.empty(rows * dims.block_dv, dtype=torch.float32, device=self.device),
             torch.empty(rows, dtype=torch.float32, device=self.device),
-            torch.empty(1, dtype=torch.bfloat16, device=self.device),  # P staging: unused by the defaults
-            torch.empty(1, dtype=torch.float32, device=self.device),
         )
 
     def plan(
@@ -220,13 +202,13 @@ class MLAVerifyWrapper:
         self._tensors = plan.to_device(self.device)
         self._indptr = (qo_indptr, kv_indptr)
         self._dtype = dtype
-        if self._workspace is None or not self._workspace.fits(plan, dtype):
+        if self._workspace is None or not self._workspace.fits(plan):
             if not self._owns_workspace:
                 raise ValueError(
                     f"Expected a workspace with room for {plan.num_work} work items of {plan.config.describe()}, "
                     f"got one of {self._workspace.partial_o.numel()} partial elements; size it with allocate_workspace()"
                 )
-            self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device, dtype)
+            self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device)
         return plan
 
     def run(
@@ -320,7 +302,7 @@ def compile_stats(
     for name, tree in (("tree", mask), ("causal", None)):
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, device)
         out = torch.empty((t, num_heads, v_head_dim), dtype=dtype, device=device)
-        workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, device, dtype)
+        workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, device)
         compiled = run_plan(plan, plan.to_device(device), q, kv, qo_indptr, kv_indptr, kv_indices, tree, 1.0 / math.sqrt(head_dim), out, workspace)
         stats.append(
             {

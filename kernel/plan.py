@@ -31,10 +31,7 @@ class TileConfig:
     block_m: packed (draft token, head) rows per program.  block_n: KV rows per tile.
     num_warps, num_stages: Triton launch parameters.  target_programs: work items to aim
     for when splitting KV (a multiple of the SM count).  min_chunk: fewest KV rows a split
-    may own (amortizes the combine step).  dv_splits: programs sharing one work item's
-    value columns (1 or 2).  keys_as_m: compute S^T = K Q^T and O^T = V^T P^T (keys fill
-    the tensor-core M dimension; suits few packed rows).  scratch_p: pass P through a
-    per-program scratch (see ``_attend_tile``).
+    may own (amortizes the combine step).
     """
 
     block_m: int
@@ -43,15 +40,9 @@ class TileConfig:
     num_stages: int
     target_programs: int
     min_chunk: int = 256
-    dv_splits: int = 1
-    keys_as_m: bool = False
-    scratch_p: bool = False
 
     def describe(self) -> str:
-        dv = f"_dv{self.dv_splits}" if self.dv_splits > 1 else ""
-        km = "_kM" if self.keys_as_m else ""
-        sp = "_sP" if self.scratch_p else ""
-        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}{dv}{km}{sp}"
+        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}"
 
 
 @dataclass(frozen=True)

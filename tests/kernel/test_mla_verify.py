@@ -104,12 +104,9 @@ def test_contiguous_slots_and_int64_indices(index_dtype):
     run_and_check(inp, 64, 32)
 
 
-@pytest.mark.parametrize(
-    "variant", [dict(), dict(dv_splits=2), dict(keys_as_m=True), dict(keys_as_m=True, dv_splits=2), dict(scratch_p=True)]
-)
-def test_many_splits_and_row_blocks(variant):
+def test_many_splits_and_row_blocks():
     """Long enough to split KV several ways, wide enough (T*H > BLOCK_M) for several row blocks."""
-    cfg = TileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, target_programs=12, min_chunk=16, **variant)
+    cfg = TileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, target_programs=12, min_chunk=16)
     inp = make_inputs([7, 1], [150, 60], 5, 64, torch.bfloat16, tree=True, scattered=True, seed=3)
     run_and_check(inp, 64, 32, config=cfg)
 
