@@ -24,18 +24,6 @@ SMALL = 8  # interpret-profile cases per in-process gate run
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def kernel_exports_attention() -> bool:
-    try:
-        return hasattr(importlib.import_module("kernel"), "mla_verify_attention")
-    except ImportError:
-        return False
-
-
-requires_kernel = pytest.mark.skipif(
-    not kernel_exports_attention(), reason="kernel.mla_verify_attention is not written yet"
-)
-
-
 # --- stand-in attention functions (same signature as kernel.mla_verify_attention) ----------------
 
 
@@ -185,7 +173,6 @@ def run_verify_subprocess(*extra: str, interpret_env: bool = True) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-@requires_kernel
 @pytest.mark.slow
 def test_kernel_passes_verify_under_the_interpreter():
     metrics = run_verify_subprocess("--limit", "6")
@@ -194,7 +181,6 @@ def test_kernel_passes_verify_under_the_interpreter():
     assert metrics["max_rel_err"] <= 1e-2
 
 
-@requires_kernel
 @pytest.mark.slow
 def test_verify_cli_turns_the_interpreter_on_itself():
     metrics = run_verify_subprocess("--limit", "2", interpret_env=False)
@@ -203,7 +189,6 @@ def test_verify_cli_turns_the_interpreter_on_itself():
 
 @pytest.mark.gpu
 @requires_cuda
-@requires_kernel
 def test_kernel_passes_verify_on_the_gpu_subset():
     metrics = verify.run(profile="full", limit=24)
     assert metrics["cases_failed"] == 0, metrics
@@ -357,7 +342,6 @@ interpreting_or_gpu = pytest.mark.skipif(
 )
 
 
-@requires_kernel
 @interpreting_or_gpu
 def test_planned_run_matches_the_one_call_api():
     from kernel import mla_verify_attention
@@ -427,7 +411,6 @@ def test_build_needs_cuda():
 
 @pytest.mark.gpu
 @requires_cuda
-@requires_kernel
 def test_build_gate_on_the_gpu():
     metrics = build.run()
     assert metrics["configs"] >= 1 and metrics["max_regs"] > 0
@@ -436,41 +419,31 @@ def test_build_gate_on_the_gpu():
 # --- the shipped plan ------------------------------------------------------------------------
 
 
-def load_front_matter(path: Path) -> dict:
-    from ruamel.yaml import YAML
-
-    text = path.read_text()
-    assert text.startswith("---\n")
-    front, _, _ = text[4:].partition("\n---\n")
-    return YAML(typ="safe").load(front)
-
-
 def test_plan_kernel_phase_gates_point_at_real_callables_and_metrics():
-    plan = load_front_matter(PLAN_PATH)
-    assert plan["schema"] == 1 and plan["id"] == "mla-verify"
-    assert [phase["id"] for phase in plan["phases"]] == ["kernel", "backend", "cudagraph", "defrag"]
-    # Statuses are the runner's to write; the later phases cannot have moved before the kernel.
-    assert all(phase["status"] == "pending" for phase in plan["phases"][1:])
-    kernel_phase = plan["phases"][0]
-    assert [gate["name"] for gate in kernel_phase["gates"]] == ["interpret", "build", "verify", "benchmark"]
-    for gate in kernel_phase["gates"]:
-        module_name, _, function_name = gate["call"].partition(":")
+    """Structural only: every gate's callable exists and every expected metric is one the gate produces."""
+    from runner import planfile
+
+    kernel_phase = planfile.load_plan(PLAN_PATH).plan.phase("kernel")
+    gates = {gate.name: gate for gate in kernel_phase.gates}
+    assert set(gates) == {"interpret", "build", "verify", "benchmark"}
+    for gate in gates.values():
+        module_name, _, function_name = gate.call.partition(":")
         assert callable(getattr(importlib.import_module(module_name), function_name))
-    bench_gate = kernel_phase["gates"][3]
     produced = benchmark.summarize(synthetic_rows() + [
         synthetic_row("h16_t8_16k", "sweep", 16384, 16, 8, 10.0),
         synthetic_row("h64_t8_16k", "sweep", 16384, 64, 8, 10.0),
     ], Ceilings(4e12, 700e12))
-    assert set(bench_gate["expect"]) <= set(produced)
-    assert set(kernel_phase["headline"]) <= set(produced)
+    assert set(gates["benchmark"].expect) <= set(produced)
+    assert set(kernel_phase.headline_metrics()) <= set(produced)
     verify_metrics = run_interpret(correct_attention, limit=1)
-    for gate in (kernel_phase["gates"][0], kernel_phase["gates"][2]):
-        assert set(gate["expect"]) <= set(verify_metrics)
-    assert set(kernel_phase["gates"][1]["expect"]) <= set(build.aggregate([]))
+    for name in ("interpret", "verify"):
+        assert set(gates[name].expect) <= set(verify_metrics)
+    assert set(gates["build"].expect) <= set(build.aggregate([]))
 
 
 def test_plan_validates_against_the_runner_schema():
-    planfile = pytest.importorskip("runner.planfile", reason="the runner's plan reader is not written yet")
+    from runner import planfile
+
     document = planfile.load_plan(PLAN_PATH)
     assert document.status_section is not None
     kernel_phase = document.plan.phase("kernel")
