@@ -71,7 +71,7 @@ class HeadDims:
 def default_tile_config(max_rows: int, dims: HeadDims, num_sms: int, interpret: bool) -> TileConfig:
     """Pick a tile configuration for the widest request's packed row count ``max_rows`` = max_b T_b*H.
 
-    Measured on an H200 at 128k context (kernel/NOTES.md): one 16-row block with 8 warps and
+    Measured on an H200 at 128k context (phases/kernel/NOTES.md): one 16-row block with 8 warps and
     3 stages is the fastest configuration without register spills for up to 16 rows; past
     that a 64-row block with 8 warps (wgmma) wins by far despite its spills, because every
     extra row block re-reads the KV chunk from L2. One program per SM beat two.

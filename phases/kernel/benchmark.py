@@ -30,25 +30,28 @@ from pathlib import Path
 
 import torch
 
-from kernel.mla_verify import MLAVerifyWrapper
 from kernel.reference import mla_verify_reference
-from phases.kernel.cases import PRODUCTION_SM_SCALE, Case, build_inputs
-from phases.kernel.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from phases.kernel.bench.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.kernel.bench.shapes import (
+    BATCH8_CONTEXTS,
+    BATCH8_SHAPE,
+    BENCH_SHAPES,
+    COMPARISON_CONTEXT,
+    DEFAULT_CONTEXTS,
+    HEAD_DIM,
+    LAYOUT_COMPARISON_SHAPE,
+    QUICK_CONTEXTS,
+    TREE_COMPARISON_SHAPE,
+    V_HEAD_DIM,
+)
+from phases.kernel.bench.timing import bench_us, planned_run
 from phases.kernel.verify import max_request_rel_err
 
-BENCH_SHAPES = ((16, 1), (128, 1), (8, 8), (16, 8), (64, 8), (128, 8), (16, 32), (64, 32))  # (H, T)
-DEFAULT_CONTEXTS = (4096, 16384, 65536, 131072, 262144)
-QUICK_CONTEXTS = (65536, 131072)
-BATCH8_SHAPE = (16, 8)
-BATCH8_CONTEXTS = (1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072)  # ragged, 1k..128k
-COMPARISON_CONTEXT = 65536
-TREE_COMPARISON_SHAPE = (16, 8)
-LAYOUT_COMPARISON_SHAPE = (16, 1)
 ORACLE_MIN_CONTEXT = 16384
 ORACLE_MAX_BYTES = 20 << 30
 MEMORY_BOUND_MAX_ROWS = 64
 COMPUTE_BOUND_MIN_ROWS = 256
-HEAD_DIM, V_HEAD_DIM = 576, 512
 
 
 @dataclass
@@ -142,7 +145,7 @@ def measure_rows(
     ``prepare_run(inputs, out) -> fn`` returns the zero-argument call timed as ``time_us``
     (None: the one-call API itself, so ``call_us == time_us``).
     """
-    bench = _Bench(attention_fn, ceilings, device, spec, time_fn or _bench_us, prepare_run)
+    bench = _Bench(attention_fn, ceilings, device, spec, time_fn or bench_us, prepare_run)
     progress = _Progress(os.environ.get("RUNNER_PROGRESS"), len(spec.contexts) * len(spec.shapes) + 5)
     base_seed = spec.seed * 1000
     rows: list[BenchRow] = []
@@ -413,44 +416,6 @@ def write_artifacts(
     (directory / "bench.md").write_text(table)
 
 
-def planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], object]:
-    """The serving-engine call: ``MLAVerifyWrapper.plan`` once here, then ``run(out=)`` captured
-    in a CUDA graph and replayed per call, as an engine running under graph capture does.
-
-    Replay times the device work alone; host launch overhead (tens of microseconds, and noisy
-    on a shared host) would otherwise dominate the short rows.
-    """
-    q = inputs["q"]
-    wrapper = MLAVerifyWrapper(q.device)
-    wrapper.plan(
-        inputs["qo_indptr"], inputs["kv_indptr"], num_heads=q.shape[1], head_dim=q.shape[2],
-        v_head_dim=inputs["v_head_dim"], dtype=q.dtype,
-    )
-    args = (q, inputs["kv_cache"], inputs["kv_indices"], inputs["tree_mask"], inputs["sm_scale"])
-    run = lambda: wrapper.run(*args, out=out)  # noqa: E731
-    return _graph_replay(run) if q.is_cuda else run
-
-
-def _graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture ``fn`` (device work only, no host syncs) in a CUDA graph; return its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up compiles and allocates outside the capture
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-
-    def replay() -> None:
-        graph.replay()
-
-    # The graph reads the buffers ``fn`` closes over (the wrapper's plan tensors and
-    # workspace): they must live as long as the graph, or their memory is reused under it.
-    replay.captured = fn
-    return replay
-
-
 def _single_case(num_heads: int, num_draft: int, context: int, seed: int) -> Case:
     """B=1, bf16, D=576/DV=512, random tree, scattered int32 slots, production sm_scale."""
     return Case(
@@ -466,12 +431,6 @@ def _empty_out(inputs: dict, case: Case) -> torch.Tensor:
     """``q.dtype`` ``[N, H, DV]``."""
     q = inputs["q"]
     return torch.empty(q.shape[0], q.shape[1], case.v_head_dim, dtype=q.dtype, device=q.device)
-
-
-def _bench_us(fn: Callable[[], object], *, warmup_ms: int, rep_ms: int) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
 
 
 def _put_min(metrics: dict, name: str, values: list[float]) -> None:

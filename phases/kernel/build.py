@@ -1,6 +1,6 @@
 """Build gate: compile every kernel configuration the benchmark shapes use and read its resources.
 
-For each (H, T) of ``benchmark.BENCH_SHAPES`` this calls ``kernel.compile_stats`` and keeps one
+For each (H, T) of ``phases.kernel.bench.shapes.BENCH_SHAPES`` this calls ``kernel.compile_stats`` and keeps one
 entry per distinct (kernel, config). Register spills are the thing to catch here: a spilling
 configuration runs, passes verification and quietly loses a large share of its speed.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from phases.kernel.benchmark import BENCH_SHAPES
+from phases.kernel.bench.shapes import BENCH_SHAPES
 
 
 def run() -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from kernel.reference import mla_verify_reference
-from phases.kernel.cases import PROFILES, Case, build_inputs
+from phases.kernel.bench.cases import PROFILES, Case, build_inputs
 
 GUARD_ELEMENTS = 4096  # NaN-poisoned elements after `out` that the kernel must leave alone
 ERROR_TEXT_LIMIT = 2000

@@ -15,7 +15,9 @@ import torch
 
 from kernel.reference import mla_verify_reference
 from phases.kernel import benchmark, build, verify
-from phases.kernel.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.kernel.bench import timing
+from phases.kernel.bench.shapes import BENCH_SHAPES
+from phases.kernel.bench.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAN_PATH = REPO_ROOT / "plans" / "0002-mla-verify-kernel-defrag.md"
@@ -224,7 +226,7 @@ def test_roofline_time_takes_the_binding_ceiling():
 
 
 def test_bound_classes_and_context_labels():
-    assert [benchmark.bound_class(h * t) for h, t in benchmark.BENCH_SHAPES] == [
+    assert [benchmark.bound_class(h * t) for h, t in BENCH_SHAPES] == [
         "memory", "mid", "memory", "mid", "compute", "compute", "compute", "compute"
     ]
     assert [benchmark.context_label(c) for c in (4096, 65536, 262144, 65537)] == ["4k", "64k", "256k", "65537"]
@@ -345,14 +347,14 @@ interpreting_or_gpu = pytest.mark.skipif(
 @interpreting_or_gpu
 def test_planned_run_matches_the_one_call_api():
     from kernel import mla_verify_attention
-    from phases.kernel.cases import build_inputs, interpret_cases
+    from phases.kernel.bench.cases import build_inputs, interpret_cases
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     case = next(c for c in interpret_cases(0) if c.batch_size > 1 and c.tree)
     inputs = build_inputs(case, device)
     one_call = mla_verify_attention(**inputs)
     out = torch.full_like(one_call, float("nan"))
-    benchmark.planned_run(inputs, out)()  # on a GPU: a CUDA graph replay writing into `out`
+    timing.planned_run(inputs, out)()  # on a GPU: a CUDA graph replay writing into `out`
     assert torch.equal(out, one_call)
 
 
@@ -364,12 +366,12 @@ def test_planned_graph_replay_outlives_its_creator():
     import gc
 
     from kernel import mla_verify_attention
-    from phases.kernel.cases import Case, build_inputs
+    from phases.kernel.bench.cases import Case, build_inputs
 
     inputs = build_inputs(Case(num_heads=16, draft_lens=(1,), context_lens=(4096,)), "cuda")
     expected = mla_verify_attention(**inputs)
     out = torch.full_like(expected, float("nan"))
-    replay = benchmark.planned_run(inputs, out)
+    replay = timing.planned_run(inputs, out)
     gc.collect()
     junk = [torch.full((1 << 20,), -1, dtype=torch.int32, device="cuda") for _ in range(64)]
     out.fill_(float("nan"))
@@ -397,7 +399,7 @@ def test_build_aggregates_distinct_configs():
             {"kernel": "combine", "config": "R16", "n_regs": 40, "n_spills": 0, "shared_bytes": 0},
         ]
 
-    stats = build.collect_stats(fake_compile_stats, benchmark.BENCH_SHAPES)
+    stats = build.collect_stats(fake_compile_stats, BENCH_SHAPES)
     assert [(s["kernel"], s["config"]) for s in stats] == [("split", "M16"), ("combine", "R16"), ("split", "M64")]
     assert build.aggregate(stats) == {"configs": 3, "spills": 48, "max_regs": 255, "max_shared_bytes": 64000}
     assert "| split | M64 | 255 | 48 | 64000 |" in build.markdown_table(stats)
