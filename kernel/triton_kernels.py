@@ -106,7 +106,7 @@ def _attend_tile(
 @triton.jit(do_not_specialize=["num_heads"])
 def _mla_verify_split_kernel(
     Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
-    QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+    COUNTS, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
     W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
     num_heads, qk_scale,
     stride_qn, stride_qh, stride_kv, stride_on, stride_oh,
@@ -115,8 +115,10 @@ def _mla_verify_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Grid: (num_work,).  Q: [N, H, D].  KV: [num_slots, D].  OUT: [N, H, DV].
+    """Grid: (>= num_work,).  Q: [N, H, D].  KV: [num_slots, D].  OUT: [N, H, DV].
     PARTIAL_O: fp32 [num_work, BLOCK_M, BLOCK_DV].  PARTIAL_LSE: fp32 [num_work, BLOCK_M] (log2 domain).
+    COUNTS: int32 [2], COUNTS[0] = num_work: programs past it (a grid sized for the largest
+    plan, as under CUDA graphs) exit without reading or writing anything else.
     """
     tl.static_assert(D_MAIN <= D, "D_MAIN is the power-of-two head part")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
@@ -124,6 +126,8 @@ def _mla_verify_split_kernel(
     V_IS_K_MAIN: tl.constexpr = (BLOCK_DV == D_MAIN) and (DV == D_MAIN)
 
     w = tl.program_id(0)
+    if w >= tl.load(COUNTS):
+        return
     b = tl.load(W_REQ + w)
     mblk = tl.load(W_MBLK + w)
     kv_start = tl.load(W_KV_START + w)
@@ -188,17 +192,20 @@ def _mla_verify_split_kernel(
 @triton.jit(do_not_specialize=["num_heads"])
 def _mla_verify_combine_kernel(
     OUT, PARTIAL_O, PARTIAL_LSE,
-    QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
+    COUNTS, QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
     num_heads, stride_on, stride_oh,
     DV: tl.constexpr, PARTIAL_DV: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Grid: (num_row_blocks, BLOCK_M, cdiv(DV, BLOCK_C)).  Merges the splits of one packed row's
+    """Grid: (>= num_row_blocks, BLOCK_M, cdiv(DV, BLOCK_C)).  Merges the splits of one packed row's
     BLOCK_C output columns into OUT [N, H, DV]; splits are read BLOCK_S at a time so a row with
     hundreds of splits is a few wide loads, not hundreds of dependent ones.
     PARTIAL_O: fp32 [num_work, BLOCK_M, PARTIAL_DV].  PARTIAL_LSE: fp32 [num_work, BLOCK_M].
+    COUNTS: int32 [2], COUNTS[1] = num_row_blocks: programs past it exit.
     """
     i = tl.program_id(0)
+    if i >= tl.load(COUNTS + 1):
+        return
     r = tl.program_id(1)
     nsplit = tl.load(MB_NSPLIT + i)
     b = tl.load(MB_REQ + i)

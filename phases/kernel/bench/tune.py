@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from kernel.mla_verify import MLAVerifyWrapper, Workspace, make_plan, run_plan
-from kernel.plan import TileConfig
+from kernel.mla_verify import MLAVerifyWrapper, Workspace, make_plan, run_plan, upload_plan
+from kernel.plan import PlanLayout, TileConfig
 from kernel.reference import mla_verify_reference
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 from phases.kernel.bench.roofline import measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
@@ -39,10 +39,11 @@ def split_only(inputs: dict, config: TileConfig | None, out: torch.Tensor):
     """``(fn, compiled)``: the split kernel alone (no combine) for ``inputs``, planned once."""
     q = inputs["q"]
     plan = make_plan(inputs["qo_indptr"], inputs["kv_indptr"], q.shape[1], HEAD_DIM, V_HEAD_DIM, q.device, config)
-    tensors = plan.to_device(q.device)
+    layout = PlanLayout.exact(plan)
+    meta = layout.views(upload_plan(plan, layout, q.device))
     workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, q.device)
-    args = (plan, tensors, q, inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
-            inputs["tree_mask"], inputs["sm_scale"], out, workspace)
+    args = (plan, meta, q, inputs["kv_cache"], inputs["kv_indices"], inputs["tree_mask"], inputs["sm_scale"], out,
+            workspace)
     compiled = run_plan(*args, combine=False)
     return (lambda: run_plan(*args, combine=False)), compiled
 
