@@ -26,12 +26,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from kernel.reference import mla_verify_reference
 from phases.kernel.bench.cases import PROFILES, Case, build_inputs
+from runner import gatekit
 
 GUARD_ELEMENTS = 4096  # NaN-poisoned elements after `out` that the kernel must leave alone
 ERR_FLOOR = 1e-5  # relative error below which a same-precision reference counts as exact
@@ -97,14 +97,11 @@ def run(
 
     started = time.perf_counter()
     results: list[CaseResult] = []
-    progress_path = os.environ.get("RUNNER_PROGRESS")
     for index, case in enumerate(cases):
         results.append(check_case(index, case, device, attention_fn, tol, max_err_ratio))
-        _report_progress(progress_path, done=index + 1, total=len(cases))
+        gatekit.progress(index + 1, len(cases))
     metrics = summarize(results, profile=profile, elapsed_s=time.perf_counter() - started)
-    artifacts = os.environ.get("RUNNER_ARTIFACTS")
-    if artifacts:
-        write_artifacts(Path(artifacts), profile, results, metrics)
+    write_artifacts(profile, results, metrics)
     return metrics
 
 
@@ -184,11 +181,11 @@ def summarize(results: list[CaseResult], *, profile: str, elapsed_s: float) -> d
     }
 
 
-def write_artifacts(directory: Path, profile: str, results: list[CaseResult], metrics: dict) -> None:
-    """``verify-<profile>.json`` (per-case results) and ``verify-<profile>.md`` (summary)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"verify-{profile}.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
-    (directory / f"verify-{profile}.md").write_text(summary_markdown(profile, results, metrics))
+def write_artifacts(profile: str, results: list[CaseResult], metrics: dict) -> None:
+    """``verify-<profile>.json`` (per-case results) and ``verify-<profile>.md`` (summary), as
+    runner artifacts (nothing outside the runner)."""
+    gatekit.write_artifact(f"verify-{profile}.json", json.dumps([asdict(r) for r in results], indent=1))
+    gatekit.write_artifact(f"verify-{profile}.md", summary_markdown(profile, results, metrics))
 
 
 def summary_markdown(profile: str, results: list[CaseResult], metrics: dict) -> str:
@@ -260,12 +257,6 @@ def _device_for(profile: str) -> torch.device:
     if not torch.cuda.is_available():
         raise RuntimeError(f"Profile {profile!r} needs a CUDA GPU; use profile 'interpret' on a CPU")
     return torch.device("cuda")
-
-
-def _report_progress(path: str | None, *, done: int, total: int) -> None:
-    if path:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"done": done, "total": total}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,6 +146,7 @@ def test_verify_counts_raising_cases_and_continues():
 def test_verify_writes_progress_and_artifacts(tmp_path, monkeypatch):
     progress = tmp_path / "progress.jsonl"
     monkeypatch.setenv("RUNNER_PROGRESS", str(progress))
+    (tmp_path / "artifacts").mkdir()  # the runner makes the folder
     monkeypatch.setenv("RUNNER_ARTIFACTS", str(tmp_path / "artifacts"))
     run_interpret(ignores_tree_mask, limit=4)
     lines = [json.loads(line) for line in progress.read_text().splitlines()]
@@ -253,7 +254,7 @@ def test_bound_classes_and_context_labels():
 def synthetic_row(name, kind, context, heads, drafts, time_us, oracle_us=None, frac=0.9):
     return benchmark.BenchRow(
         name=name, kind=kind, context=context, num_heads=heads, num_draft=drafts, batch_size=1,
-        total_kv=context, time_us=time_us, call_us=time_us + 30.0, kv_GBps=1.0, tflops=1.0, roofline_us=time_us * frac, frac=frac,
+        total_kv=context, time_us=time_us, eager_us=time_us + 10.0, call_us=time_us + 30.0, kv_GBps=1.0, tflops=1.0, roofline_us=time_us * frac, frac=frac,
         bound=benchmark.bound_class(heads * drafts), oracle_us=oracle_us,
         speedup=None if oracle_us is None else oracle_us / time_us, rel_err=2e-3,
     )
@@ -303,7 +304,7 @@ def fake_time_us(fn, *, warmup_ms, rep_ms):
 
 
 TINY_SPEC = benchmark.BenchSpec(
-    contexts=(1024, 2048), shapes=((2, 1), (4, 8)), batch_contexts=(40, 300, 77),
+    contexts=(1024, 2048), shapes=((2, 1), (4, 8)), batch_contexts=(40, 300, 77), decode_shapes=((3, 2, 64),),
     comparison_context=512, oracle_min_context=2048,
 )
 
@@ -312,15 +313,18 @@ def test_benchmark_rows_on_cpu_with_a_stand_in_kernel():
     rows = benchmark.measure_rows(TINY_SPEC, correct_attention, Ceilings(4e12, 700e12), torch.device("cpu"),
                                   time_fn=fake_time_us)
     assert [r.name for r in rows] == [
-        "h2_t1_1k", "h4_t8_1k", "h2_t1_2k", "h4_t8_2k", "b3_h16_t8",
+        "h2_t1_1k", "h4_t8_1k", "h2_t1_2k", "h4_t8_2k", "b3_h16_t8", "b3_h2_t1_64",
         "h16_t8_512_tree", "h16_t8_512_causal", "h16_t1_512_scattered", "h16_t1_512_contiguous",
     ]
+    assert rows[5].kind == "decode" and rows[5].batch_size == 3 and rows[5].oracle_us is None
     assert [r.oracle_us is None for r in rows[:4]] == [True, True, False, False]
     assert rows[2].speedup == pytest.approx(0.3)
     assert max(r.rel_err for r in rows) < 1e-2
+    assert all(r.time_us == r.eager_us == r.call_us for r in rows)  # no planned call: the one-call API
     metrics = benchmark.summarize(rows, Ceilings(4e12, 700e12))
     assert metrics["tree_mask_overhead"] == 0.0 and metrics["scattered_overhead"] == 0.0
     assert metrics["min_frac_batch8"] == rows[4].frac
+    assert metrics["frac_b3_h2_t1_64"] == rows[5].frac  # reported, in no thresholded class
 
 
 def test_benchmark_artifacts(tmp_path):
@@ -333,6 +337,24 @@ def test_benchmark_artifacts(tmp_path):
     assert saved["ceilings"] == {"copy_bw_bytes_per_s": 4e12, "bf16_flops_per_s": 700e12}
     assert saved["rows"][0]["name"] == "h16_t1_64k" and saved["metrics"]["rows"] == 1
     assert (tmp_path / "bench.md").read_text() == table
+    fraction = json.loads((tmp_path / "roofline-fraction.plot.json").read_text())
+    assert fraction["format"] == "runner.plot/1" and fraction["x"]["scale"] == "log"
+    assert fraction["series"] == [{"label": "H=16 T=1", "points": [[65536.0, 0.9]], "reference": False}]
+    bandwidth = json.loads((tmp_path / "kv-bandwidth.plot.json").read_text())
+    assert [(s["label"], s["reference"]) for s in bandwidth["series"]] == [
+        ("H=16 T=1", False), ("naive oracle H=16 T=1", True)
+    ]
+
+
+def test_benchmark_artifacts_go_through_the_runner(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNNER_ARTIFACTS", str(tmp_path))
+    rows = synthetic_rows()
+    ceilings = Ceilings(4e12, 700e12)
+    metrics = benchmark.summarize(rows, ceilings)
+    benchmark.write_artifacts(None, rows, ceilings, {}, metrics, "table")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bench.json", "bench.md", "kv-bandwidth.plot.json", "roofline-fraction.plot.json"
+    ]
 
 
 SMALL_SPEC = benchmark.BenchSpec(contexts=(256,), shapes=((2, 8),), batch_contexts=(20,), comparison_context=64)
@@ -345,7 +367,7 @@ def test_benchmark_rows_record_a_wrong_kernel():
 
 
 def test_benchmark_checks_the_planned_call_it_times():
-    def prepare_wrong_run(inputs, out):
+    def prepare_wrong_run(inputs, out):  # the eager planned call; on a GPU it is also replayed from a graph
         return lambda: ignores_tree_mask(**inputs, out=out)
 
     rows = benchmark.measure_rows(SMALL_SPEC, correct_attention, Ceilings(4e12, 700e12), torch.device("cpu"),
