@@ -2,8 +2,9 @@
 
 ``mla_verify_attention`` is the one-call API. A serving engine that captures CUDA graphs
 uses the halves instead: ``MLAVerifyWrapper.plan`` reads the batch's lengths on the host,
-decides the work decomposition and writes it into buffers the wrapper owns; ``run`` only
-launches device work into caller-owned ``out`` and workspace, so it can be captured.
+decides the work decomposition and uploads it (into a new buffer, or under ``use_cuda_graph``
+into the caller's fixed one); ``run`` only launches device work into ``out``, so under
+``use_cuda_graph`` it can be captured once and replayed across re-plans.
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, default_tile_config, max_work_items, plan_work
+from kernel.plan import (
+    HeadDims,
+    MLAVerifyPlan,
+    PlanLayout,
+    TileConfig,
+    default_tile_config,
+    max_row_blocks,
+    max_work_items,
+    plan_work,
+)
 from kernel.triton_kernels import _mla_verify_combine_kernel, _mla_verify_split_kernel
-from kernel.validation import check_dims, check_inputs, check_lengths, kv_rows
+from kernel.validation import check_dims, check_inputs, check_lengths, check_planned_inputs, kv_rows
 
 LOG2E = 1.4426950408889634
 COMBINE_SPLITS = 32  # splits merged per load in the combine kernel
@@ -43,44 +53,37 @@ def _num_sms(device: torch.device) -> int:
 
 @dataclass
 class Workspace:
-    """Device scratch of the split kernel, flat so one allocation serves every tile configuration.
+    """Device buffers of the split kernel, flat so one allocation serves every tile configuration.
 
     partial_o: fp32 [capacity * BLOCK_M * BLOCK_DV elements] and partial_lse: fp32
     [capacity * BLOCK_M] (split partials, read as [num_work, BLOCK_M, BLOCK_DV] and
-    [num_work, BLOCK_M]); p_scratch: q's dtype and alpha_scratch: fp32, per-program P staging,
-    used only with ``TileConfig.scratch_p``.
+    [num_work, BLOCK_M]).
+    For ``MLAVerifyWrapper(use_cuda_graph=True)`` also: metadata, int32 [layout.numel], the
+    fixed plan buffer that every ``plan()`` copies into; layout, its offsets; config, the one
+    tile configuration every plan into it uses (a captured launch fixes the block sizes).
     """
 
     partial_o: torch.Tensor
     partial_lse: torch.Tensor
-    p_scratch: torch.Tensor
-    alpha_scratch: torch.Tensor
+    metadata: torch.Tensor | None = None
+    layout: PlanLayout | None = None
+    config: TileConfig | None = None
 
     @staticmethod
-    def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> "Workspace":
+    def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device) -> "Workspace":
         """Room for ``max_work`` work items of ``config`` (see ``max_work_items`` for a bound)."""
-        programs = max_work * config.dv_splits if config.scratch_p else 1
         return Workspace(
             torch.empty(max_work * config.block_m * dims.block_dv, dtype=torch.float32, device=device),
             torch.empty(max_work * config.block_m, dtype=torch.float32, device=device),
-            torch.empty(programs * config.block_m * config.block_n, dtype=dtype, device=device),
-            torch.empty(programs * config.block_m, dtype=torch.float32, device=device),
         )
 
-    def fits(self, plan: MLAVerifyPlan, dtype: torch.dtype = torch.bfloat16) -> bool:
-        """Whether this workspace can hold ``plan``'s split partials and P staging."""
+    def fits(self, plan: MLAVerifyPlan) -> bool:
+        """Whether this workspace can hold ``plan``'s split partials."""
         cfg = plan.config
-        partials_ok = not plan.needs_combine or (
+        return not plan.needs_combine or (
             self.partial_o.numel() >= plan.num_work * cfg.block_m * plan.dims.block_dv
             and self.partial_lse.numel() >= plan.num_work * cfg.block_m
         )
-        programs = plan.num_work * cfg.dv_splits
-        scratch_ok = not cfg.scratch_p or (
-            self.p_scratch.numel() >= programs * cfg.block_m * cfg.block_n
-            and self.alpha_scratch.numel() >= programs * cfg.block_m
-            and self.p_scratch.dtype == dtype
-        )
-        return partials_ok and scratch_ok
 
 
 def make_plan(
@@ -107,54 +110,66 @@ def make_plan(
     return plan_work(qo_lens, kv_lens, num_heads, dims, config)
 
 
+def upload_plan(plan: MLAVerifyPlan, layout: PlanLayout, device: torch.device, into: torch.Tensor | None = None) -> torch.Tensor:
+    """Copy ``plan`` packed in ``layout`` to ``device``: into ``into`` (int32 [>= layout.numel],
+    kept, as CUDA graphs need) or a new buffer. One host-to-device copy, asynchronous on CUDA."""
+    host = layout.pack(plan)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    if into is None:
+        return host.to(device, non_blocking=True)
+    into[: layout.numel].copy_(host, non_blocking=True)
+    return into
+
+
 def run_plan(
     plan: MLAVerifyPlan,
-    plan_tensors: dict[str, torch.Tensor],
+    meta: dict[str, torch.Tensor],
     q: torch.Tensor,
     kv: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     tree_mask: torch.Tensor | None,
     sm_scale: float,
     out: torch.Tensor,
     workspace: Workspace,
     combine: bool = True,
+    layout: PlanLayout | None = None,
 ):
     """Launch the split kernel and, when a row block has several splits, the combine kernel.
 
-    q: [N, H, D].  kv: [num_slots, D].  out: [N, H, DV] (written).  Returns the compiled
-    split kernel (for register / spill statistics). ``combine=False`` leaves the split
-    partials unmerged (for timing the split kernel alone).
+    meta: ``PlanLayout.views`` of the uploaded plan.  q: [N, H, D].  kv: [num_slots, D].
+    out: [N, H, DV] (written).  layout: the grid's size (None: exactly ``plan``); with a larger
+    layout the grids cover it, the combine always launches and programs past the plan exit, so
+    the launches stay valid for any later plan the layout holds (CUDA graph replay).
+    Returns the compiled split kernel (for register / spill statistics). ``combine=False``
+    leaves the split partials unmerged (for timing the split kernel alone).
     """
     cfg, dims = plan.config, plan.dims
-    if plan.num_work == 0:
+    fixed_grid = layout is not None
+    layout = layout or PlanLayout.exact(plan)
+    if layout.max_work == 0:
         return None
-    assert workspace.fits(plan, q.dtype), "workspace smaller than the plan"
-    upcast = interpreting()
+    assert workspace.fits(plan), "workspace smaller than the plan"
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)  # any pointer when causal
-    dv_splits = cfg.dv_splits
-    assert dims.block_dv % dv_splits == 0 and dims.block_dv // dv_splits >= 16
-    compiled = _mla_verify_split_kernel[(plan.num_work, dv_splits)](
+    compiled = _mla_verify_split_kernel[(layout.max_work,)](
         q, kv, kv_indices, mask_arg, out, workspace.partial_o, workspace.partial_lse,
-        workspace.p_scratch, workspace.alpha_scratch,
-        qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
-        plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
-        plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
+        meta["counts"], meta["qo_indptr"], meta["kv_indptr"], meta["mask_offsets"],
+        meta["work_req"], meta["work_mblk"], meta["work_kv_start"],
+        meta["work_kv_end"], meta["work_full_end"], meta["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
         D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
-        BLOCK_DV=dims.block_dv // dv_splits, DV_SPLITS=dv_splits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=upcast, KEYS_AS_M=cfg.keys_as_m, SCRATCH_P=cfg.scratch_p,
+        BLOCK_DV=dims.block_dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if plan.needs_combine and combine:
+    if combine and (plan.needs_combine or fixed_grid):
         cols = min(COMBINE_COLS, dims.block_dv)
-        grid = (len(plan.mb_req), cfg.block_m, triton.cdiv(dims.v_head_dim, cols))
+        grid = (layout.max_row_blocks, cfg.block_m, triton.cdiv(dims.v_head_dim, cols))
         _mla_verify_combine_kernel[grid](
             out, workspace.partial_o, workspace.partial_lse,
-            qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
-            plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
+            meta["counts"], meta["qo_indptr"], meta["mb_req"], meta["mb_mblk"], meta["mb_work_start"],
+            meta["mb_nsplit"], meta["mb_stride"],
             plan.num_heads, out.stride(0), out.stride(1),
             DV=dims.v_head_dim, PARTIAL_DV=dims.block_dv, BLOCK_M=cfg.block_m,
             BLOCK_S=COMBINE_SPLITS, BLOCK_C=cols, num_warps=4,
@@ -166,8 +181,17 @@ class MLAVerifyWrapper:
     """Plan once per batch, run once per layer (the serving-engine path).
 
     ``plan`` reads the per-request lengths on the host (one sync), decides the work
-    decomposition and keeps the workspace it needs (grown, never shrunk); ``run`` only
-    validates metadata and launches device work, so layers sharing a batch share a plan.
+    decomposition and copies it to the device; ``run`` only validates shapes on the host and
+    launches device work (no host sync; no allocation when ``out`` is given), so layers sharing
+    a batch share a plan.
+
+    By default ``plan`` uploads each plan into a new metadata buffer and keeps a workspace it
+    grows as needed (or the caller's ``workspace``, never replaced). With ``use_cuda_graph=True``
+    the caller passes a workspace from ``allocate_workspace(..., use_cuda_graph=True)``: ``plan``
+    copies every plan into that workspace's fixed metadata buffer and ``run`` launches grids
+    sized for its largest batch, so a graph captured around ``run`` once stays valid after
+    re-planning with new lengths (same q / kv / out buffers, at most ``max_batch`` requests of
+    at most ``max_draft`` drafts).
 
     Example::
 
@@ -175,34 +199,75 @@ class MLAVerifyWrapper:
         wrapper.plan(qo_indptr, kv_indptr, num_heads=16)
         for layer in layers:
             wrapper.run(q[layer], kv_cache[layer], kv_indices, tree_mask, out=out[layer])
+
+        # CUDA graphs: capture once, re-plan per batch, replay.
+        workspace = MLAVerifyWrapper(device).allocate_workspace(max_batch=64, max_draft=8, num_heads=16,
+                                                                use_cuda_graph=True)
+        wrapper = MLAVerifyWrapper(device, workspace=workspace, use_cuda_graph=True)
+        wrapper.plan(qo_indptr, kv_indptr, num_heads=16)
+        with torch.cuda.graph(graph):
+            wrapper.run(q, kv_cache, kv_indices, tree_mask, out=out)
+        wrapper.plan(new_qo_indptr, new_kv_indptr, num_heads=16)  # new lengths, same buffers
+        graph.replay()
     """
 
-    def __init__(self, device: torch.device | str, workspace: Workspace | None = None) -> None:
-        """``workspace``: caller-owned scratch (e.g. from ``allocate_workspace``) that ``plan``
-        must use and never replace, as CUDA graph capture needs; None lets ``plan`` allocate."""
+    def __init__(
+        self, device: torch.device | str, workspace: Workspace | None = None, *, use_cuda_graph: bool = False
+    ) -> None:
+        """``workspace``: caller-owned scratch (from ``allocate_workspace``) that ``plan`` must use
+        and never replace; None lets ``plan`` allocate. ``use_cuda_graph``: see the class docstring."""
         self.device = torch.device(device)
+        if use_cuda_graph and (workspace is None or workspace.metadata is None):
+            raise ValueError(
+                "Expected a workspace from allocate_workspace(..., use_cuda_graph=True) with use_cuda_graph=True, "
+                f"got {'none' if workspace is None else 'one without a metadata buffer'}"
+            )
+        self.use_cuda_graph = use_cuda_graph
         self._plan: MLAVerifyPlan | None = None
-        self._tensors: dict[str, torch.Tensor] = {}
+        self._meta: dict[str, torch.Tensor] = {}
         self._workspace = workspace
         self._owns_workspace = workspace is None
-        self._indptr: tuple[torch.Tensor, torch.Tensor] | None = None
         self._dtype = torch.bfloat16
 
     def allocate_workspace(
-        self, max_batch: int, max_draft: int, num_heads: int, head_dim: int = 576, v_head_dim: int = 512
+        self,
+        max_batch: int,
+        max_draft: int,
+        num_heads: int,
+        head_dim: int = 576,
+        v_head_dim: int = 512,
+        *,
+        use_cuda_graph: bool = False,
     ) -> Workspace:
         """A workspace that fits every batch of up to ``max_batch`` requests with up to
-        ``max_draft`` draft tokens each (any context lengths), for the default tile configurations."""
+        ``max_draft`` draft tokens each (any context lengths).
+
+        Without ``use_cuda_graph`` it serves the default tile configuration of every such batch;
+        with it, it also holds the fixed metadata buffer and pins one tile configuration (the
+        default for ``max_draft * num_heads`` packed rows), used for every plan.
+        """
+        device = self.device
         dims = HeadDims.of(head_dim, v_head_dim)
-        sms, interp = _num_sms(self.device), interpreting()
-        configs = {default_tile_config(t * num_heads, dims, sms, interp) for t in range(1, max_draft + 1)}
+        sms, interp = _num_sms(device), interpreting()
+        if use_cuda_graph:
+            configs = {default_tile_config(max_draft * num_heads, dims, sms, interp)}
+        else:
+            configs = {default_tile_config(t * num_heads, dims, sms, interp) for t in range(1, max_draft + 1)}
         rows = max(max_work_items(max_batch, max_draft, num_heads, c) * c.block_m for c in configs)
-        return Workspace(
-            torch.empty(rows * dims.block_dv, dtype=torch.float32, device=self.device),
-            torch.empty(rows, dtype=torch.float32, device=self.device),
-            torch.empty(1, dtype=torch.bfloat16, device=self.device),  # P staging: unused by the defaults
-            torch.empty(1, dtype=torch.float32, device=self.device),
+        workspace = Workspace(
+            torch.empty(rows * dims.block_dv, dtype=torch.float32, device=device),
+            torch.empty(rows, dtype=torch.float32, device=device),
         )
+        if use_cuda_graph:
+            (config,) = configs
+            layout = PlanLayout(
+                max_batch,
+                max_work_items(max_batch, max_draft, num_heads, config),
+                max_row_blocks(max_batch, max_draft, num_heads, config),
+            )
+            workspace.metadata = torch.zeros(layout.numel, dtype=torch.int32, device=device)
+            workspace.layout, workspace.config = layout, config
+        return workspace
 
     def plan(
         self,
@@ -214,19 +279,36 @@ class MLAVerifyWrapper:
         config: TileConfig | None = None,
         dtype: torch.dtype = torch.bfloat16,
     ) -> MLAVerifyPlan:
-        """Plan a batch. qo_indptr, kv_indptr: int32 [B+1] on the wrapper's device; dtype: q's dtype."""
+        """Decide the work decomposition of a batch and copy it to the device.
+
+        qo_indptr, kv_indptr: int32 [B+1], read on the host (one sync); they are not kept.
+        dtype: q's dtype. config: tile configuration (None: the default for the batch, or the
+        workspace's under ``use_cuda_graph``). Allocates a workspace if the wrapper owns one and
+        it is too small; raises ``ValueError`` if a caller's workspace is too small.
+        Returns the plan (host lists).
+        """
+        if self.use_cuda_graph:
+            config = self._workspace.config
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config)
-        self._plan = plan
-        self._tensors = plan.to_device(self.device)
-        self._indptr = (qo_indptr, kv_indptr)
-        self._dtype = dtype
-        if self._workspace is None or not self._workspace.fits(plan, dtype):
+        if self._workspace is None or not self._workspace.fits(plan):
             if not self._owns_workspace:
                 raise ValueError(
                     f"Expected a workspace with room for {plan.num_work} work items of {plan.config.describe()}, "
                     f"got one of {self._workspace.partial_o.numel()} partial elements; size it with allocate_workspace()"
                 )
-            self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device, dtype)
+            self._workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, self.device)
+        if self.use_cuda_graph:
+            layout = self._workspace.layout
+            if not layout.holds(plan):
+                raise ValueError(
+                    f"Expected a batch within the workspace's bounds ({layout.max_batch} requests, {layout.max_work} "
+                    f"work items), got {len(plan.qo_lens)} requests and {plan.num_work} work items"
+                )
+            buffer = upload_plan(plan, layout, self.device, into=self._workspace.metadata)
+        else:
+            layout = PlanLayout.exact(plan)
+            buffer = upload_plan(plan, layout, self.device)
+        self._plan, self._meta, self._dtype = plan, layout.views(buffer), dtype
         return plan
 
     def run(
@@ -239,11 +321,10 @@ class MLAVerifyWrapper:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention for the planned batch. Shapes as in :func:`mla_verify_attention`; returns out [N, H, DV]."""
-        if self._plan is None or self._indptr is None or self._workspace is None:
+        if self._plan is None or self._workspace is None:
             raise ValueError("Expected plan() before run(), got run() on an unplanned wrapper")
         plan = self._plan
-        qo_indptr, kv_indptr = self._indptr
-        shapes = check_inputs(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, plan.dims.v_head_dim, out)
+        shapes = check_planned_inputs(q, kv_cache, kv_indices, tree_mask, plan.dims.v_head_dim, out)
         if q.dtype != self._dtype:
             raise ValueError(f"Expected q.dtype == {self._dtype} as planned, got {q.dtype}")
         if shapes.num_heads != plan.num_heads or shapes.head_dim != plan.dims.head_dim:
@@ -254,7 +335,8 @@ class MLAVerifyWrapper:
         if out is None:
             out = torch.empty((shapes.num_tokens, shapes.num_heads, shapes.v_head_dim), dtype=q.dtype, device=q.device)
         scale = 1.0 / math.sqrt(shapes.head_dim) if sm_scale is None else float(sm_scale)
-        run_plan(plan, self._tensors, q, kv_rows(kv_cache), qo_indptr, kv_indptr, kv_indices, tree_mask, scale, out, self._workspace)
+        layout = self._workspace.layout if self.use_cuda_graph else None
+        run_plan(plan, self._meta, q, kv_rows(kv_cache), kv_indices, tree_mask, scale, out, self._workspace, layout=layout)
         return out
 
 
@@ -320,8 +402,10 @@ def compile_stats(
     for name, tree in (("tree", mask), ("causal", None)):
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, device)
         out = torch.empty((t, num_heads, v_head_dim), dtype=dtype, device=device)
-        workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, device, dtype)
-        compiled = run_plan(plan, plan.to_device(device), q, kv, qo_indptr, kv_indptr, kv_indices, tree, 1.0 / math.sqrt(head_dim), out, workspace)
+        workspace = Workspace.allocate(max(1, plan.num_work), plan.config, plan.dims, device)
+        layout = PlanLayout.exact(plan)
+        meta = layout.views(upload_plan(plan, layout, device))
+        compiled = run_plan(plan, meta, q, kv, kv_indices, tree, 1.0 / math.sqrt(head_dim), out, workspace)
         stats.append(
             {
                 "kernel": f"_mla_verify_split_kernel[{name}]",

@@ -7,9 +7,11 @@ draft token in its M-block. Work items of the same (request, KV chunk) are adjac
 grid, so programs that share a chunk run at the same time and the second read of a tile
 hits L2 instead of memory.
 
-Planning is pure Python over the per-request lengths; ``MLAVerifyPlan.to_device`` packs the
-result into int32 tensors. Workspace size is bounded by ``max_work_items`` so a caller can
-preallocate it once (CUDA graphs).
+Planning is pure Python over the per-request lengths. ``PlanLayout`` places the result in one
+flat int32 metadata buffer at fixed offsets (a count header, the indptrs, the work items and the
+row blocks), so a buffer sized once for the largest batch keeps its views across re-plans; work
+items and workspace are bounded by ``max_work_items`` so a caller can preallocate both once
+(CUDA graphs).
 """
 
 from __future__ import annotations
@@ -31,10 +33,7 @@ class TileConfig:
     block_m: packed (draft token, head) rows per program.  block_n: KV rows per tile.
     num_warps, num_stages: Triton launch parameters.  target_programs: work items to aim
     for when splitting KV (a multiple of the SM count).  min_chunk: fewest KV rows a split
-    may own (amortizes the combine step).  dv_splits: programs sharing one work item's
-    value columns (1 or 2).  keys_as_m: compute S^T = K Q^T and O^T = V^T P^T (keys fill
-    the tensor-core M dimension; suits few packed rows).  scratch_p: pass P through a
-    per-program scratch (see ``_attend_tile``).
+    may own (amortizes the combine step).
     """
 
     block_m: int
@@ -43,15 +42,9 @@ class TileConfig:
     num_stages: int
     target_programs: int
     min_chunk: int = 256
-    dv_splits: int = 1
-    keys_as_m: bool = False
-    scratch_p: bool = False
 
     def describe(self) -> str:
-        dv = f"_dv{self.dv_splits}" if self.dv_splits > 1 else ""
-        km = "_kM" if self.keys_as_m else ""
-        sp = "_sP" if self.scratch_p else ""
-        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}{dv}{km}{sp}"
+        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +73,7 @@ class HeadDims:
 def default_tile_config(max_rows: int, dims: HeadDims, num_sms: int, interpret: bool) -> TileConfig:
     """Pick a tile configuration for the widest request's packed row count ``max_rows`` = max_b T_b*H.
 
-    Measured on an H200 at 128k context (kernel/NOTES.md): one 16-row block with 8 warps and
+    Measured on an H200 at 128k context (phases/kernel/NOTES.md): one 16-row block with 8 warps and
     3 stages is the fastest configuration without register spills for up to 16 rows; past
     that a 64-row block with 8 warps (wgmma) wins by far despite its spills, because every
     extra row block re-reads the KV chunk from L2. One program per SM beat two.
@@ -95,7 +88,7 @@ def default_tile_config(max_rows: int, dims: HeadDims, num_sms: int, interpret: 
 
 @dataclass
 class MLAVerifyPlan:
-    """Work decomposition of one verify call (host lists; see ``to_device``).
+    """Work decomposition of one verify call (host lists; ``PlanLayout`` packs them for the device).
 
     Work item w: request ``work_req[w]``, M-block ``work_mblk[w]``, KV positions
     ``[work_kv_start[w], work_kv_end[w])`` of that request, ``work_nsplit[w]`` splits share its
@@ -132,23 +125,84 @@ class MLAVerifyPlan:
     def needs_combine(self) -> bool:
         return any(n > 1 for n in self.mb_nsplit)
 
-    ARRAYS = ("work_req", "work_mblk", "work_kv_start", "work_kv_end", "work_full_end", "work_nsplit",
-              "mb_req", "mb_mblk", "mb_work_start", "mb_nsplit", "mb_stride", "mask_offsets")
+    @property
+    def num_row_blocks(self) -> int:
+        return len(self.mb_req)
 
-    def to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """The plan's arrays as int32 views of one device tensor (one host-to-device copy).
 
-        work_*: [num_work]; mb_*: [num_row_blocks]; mask_offsets: [B].
-        """
-        lists = [getattr(self, name) for name in self.ARRAYS]
-        flat = torch.tensor([x for values in lists for x in values], dtype=torch.int32)
-        if device.type == "cuda":
-            flat = flat.pin_memory().to(device, non_blocking=True)
+WORK_ARRAYS = ("work_req", "work_mblk", "work_kv_start", "work_kv_end", "work_full_end", "work_nsplit")
+ROW_BLOCK_ARRAYS = ("mb_req", "mb_mblk", "mb_work_start", "mb_nsplit", "mb_stride")
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """Fixed offsets of a plan in one flat int32 metadata buffer of ``numel`` elements.
+
+    Views (``views``): counts [2] (num_work, num_row_blocks: kernels launched on a larger grid
+    read these and let the extra programs exit), qo_indptr and kv_indptr [max_batch + 1],
+    mask_offsets [max_batch], work_* [max_work], mb_* [max_row_blocks]. Entries past a plan's
+    sizes are zero and never read.
+    """
+
+    max_batch: int
+    max_work: int
+    max_row_blocks: int
+
+    @staticmethod
+    def exact(plan: MLAVerifyPlan) -> "PlanLayout":
+        """The smallest layout that holds ``plan``."""
+        return PlanLayout(len(plan.qo_lens), plan.num_work, plan.num_row_blocks)
+
+    def sizes(self) -> dict[str, int]:
+        sizes = {"counts": 2, "qo_indptr": self.max_batch + 1, "kv_indptr": self.max_batch + 1,
+                 "mask_offsets": self.max_batch}
+        sizes.update(dict.fromkeys(WORK_ARRAYS, self.max_work))
+        sizes.update(dict.fromkeys(ROW_BLOCK_ARRAYS, self.max_row_blocks))
+        return sizes
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes().values())
+
+    def holds(self, plan: MLAVerifyPlan) -> bool:
+        return (len(plan.qo_lens) <= self.max_batch and plan.num_work <= self.max_work
+                and plan.num_row_blocks <= self.max_row_blocks)
+
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Named int32 views of ``buffer`` (int32 [>= numel])."""
         views, offset = {}, 0
-        for name, values in zip(self.ARRAYS, lists):
-            views[name] = flat[offset : offset + len(values)]
-            offset += len(values)
+        for name, size in self.sizes().items():
+            views[name] = buffer[offset : offset + size]
+            offset += size
         return views
+
+    def pack(self, plan: MLAVerifyPlan) -> torch.Tensor:
+        """``plan`` as a host int32 [numel] tensor in this layout (zeros past its sizes)."""
+        assert self.holds(plan), "plan larger than the layout"
+        values = {
+            "counts": [plan.num_work, plan.num_row_blocks],
+            "qo_indptr": _exclusive_sums(plan.qo_lens),
+            "kv_indptr": _exclusive_sums(plan.kv_lens),
+            "mask_offsets": plan.mask_offsets,
+            **{name: getattr(plan, name) for name in WORK_ARRAYS + ROW_BLOCK_ARRAYS},
+        }
+        flat: list[int] = []
+        for name, size in self.sizes().items():
+            flat += values[name]
+            flat += [0] * (size - len(values[name]))
+        return torch.tensor(flat, dtype=torch.int32)
+
+
+def _exclusive_sums(lengths: list[int]) -> list[int]:
+    sums = [0]
+    for length in lengths:
+        sums.append(sums[-1] + length)
+    return sums
+
+
+def max_row_blocks(batch: int, max_draft: int, num_heads: int, config: TileConfig) -> int:
+    """Upper bound on ``plan_work``'s row blocks: every request with ``max_draft`` drafts."""
+    return batch * math.ceil(max_draft * num_heads / config.block_m)
 
 
 def max_work_items(batch: int, max_draft: int, num_heads: int, config: TileConfig) -> int:
@@ -157,7 +211,7 @@ def max_work_items(batch: int, max_draft: int, num_heads: int, config: TileConfi
     With chunk >= sum_b(mblocks_b * L_b) / target_programs, sum_b mblocks_b * ceil(L_b / chunk)
     <= target_programs + sum_b mblocks_b, whatever the context lengths.
     """
-    return config.target_programs + batch * math.ceil(max_draft * num_heads / config.block_m)
+    return config.target_programs + max_row_blocks(batch, max_draft, num_heads, config)
 
 
 def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: HeadDims, config: TileConfig) -> MLAVerifyPlan:

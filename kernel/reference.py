@@ -1,8 +1,7 @@
 """Naive reference for MLA verify attention: the oracle every kernel result is judged against.
 
-The operation (see DESIGN.md, "MLA verify attention, precisely"): for request ``b`` with KV
-slots ``s_0 .. s_{L-1}`` (the last ``T`` of them are the request's draft tokens) and draft
-queries ``t = 0 .. T-1``::
+The operation: for request ``b`` with KV slots ``s_0 .. s_{L-1}`` (the last ``T`` of them
+are the request's draft tokens) and draft queries ``t = 0 .. T-1``::
 
     score[t, h, j] = sm_scale * dot(q[t, h, :], kv[s_j, :])              j < L
     visible(t, j)  = j < L - T  or  tree_mask_b[t, j - (L - T)]

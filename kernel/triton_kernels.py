@@ -24,20 +24,15 @@ import triton.language as tl
 def _attend_tile(
     acc, m_i, l_i,
     q_main, q_tail,
-    KV, KV_INDICES, TREE_MASK, P_SCRATCH, ALPHA_SCRATCH,
+    KV, KV_INDICES, TREE_MASK,
     kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
-    stride_kv, qk_scale, dv_off,
+    stride_kv, qk_scale,
     D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, V_IS_K_MAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-    SCRATCH_P: tl.constexpr,
 ):
-    """One KV tile of the online softmax. acc: fp32 [BLOCK_M, BLOCK_DV]; m_i, l_i: fp32 [BLOCK_M].
-
-    SCRATCH_P passes P and the rescale factor through this program's scratch rows
-    (P_SCRATCH: [BLOCK_M, BLOCK_N], ALPHA_SCRATCH: [BLOCK_M]) so the P @ V dot is not in the
-    forward slice of the Q @ K^T dot: Triton then lays Q @ K^T out for its own shape instead
-    of making both warpgroups compute the same scores.
+    """One KV tile of the online softmax. acc: fp32 [BLOCK_M, BLOCK_DV]; m_i, l_i: fp32 [BLOCK_M];
+    q_main: [BLOCK_M, D_MAIN]; q_tail: [BLOCK_M, D_TAIL]. Returns the updated (acc, m_i, l_i).
     """
     cols = start + tl.arange(0, BLOCK_N)  # key positions within the request
     if MASKED:
@@ -94,7 +89,7 @@ def _attend_tile(
     if V_IS_K_MAIN:
         v = k_main
     else:
-        offs_v = dv_off + tl.arange(0, BLOCK_DV)
+        offs_v = tl.arange(0, BLOCK_DV)
         if MASKED:
             v = tl.load(row_ptr + offs_v[None, :], mask=col_ok[:, None] & (offs_v[None, :] < DV), other=0.0)
         else:
@@ -102,130 +97,37 @@ def _attend_tile(
         if UPCAST:
             v = v.to(tl.float32)
     p = p.to(v.dtype)
-    if SCRATCH_P:
-        offs_m = tl.arange(0, p.shape[0])
-        offs_n = tl.arange(0, BLOCK_N)
-        tl.store(P_SCRATCH + offs_m[:, None] * BLOCK_N + offs_n[None, :], p)
-        tl.store(ALPHA_SCRATCH + offs_m, alpha)
-        tl.debug_barrier()  # every warp's P row is written before any warp reads the tile
-        p = tl.load(P_SCRATCH + offs_m[:, None] * BLOCK_N + offs_n[None, :]).to(v.dtype)
-        alpha = tl.load(ALPHA_SCRATCH + offs_m)
-        tl.debug_barrier()  # every warp has read before the next tile overwrites
     acc = acc * alpha[:, None]
     acc = tl.dot(p, v, acc)
     return acc, m_new, l_i
 
 
-@triton.jit
-def _attend_tile_keys_as_m(
-    acc_t, m_i, l_i,
-    qt_main, qt_tail,
-    KV, KV_INDICES, TREE_MASK,
-    kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
-    stride_kv, qk_scale, dv_off,
-    D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
-    DV: tl.constexpr, BLOCK_DV: tl.constexpr, V_IS_K_MAIN: tl.constexpr,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """``_attend_tile`` with keys as the M dimension of both dots (S^T = K Q^T, O^T += V^T P^T).
-
-    For few packed rows this turns a 16-row problem into 64-key wgmma tiles with the rows as
-    N, keeping Q^T and P^T small and the accumulator [BLOCK_DV, BLOCK_M] spread over all warps.
-    acc_t: fp32 [BLOCK_DV, BLOCK_M]; qt_main: [D_MAIN, BLOCK_M]; m_i, l_i: fp32 [BLOCK_M].
-    """
-    cols = start + tl.arange(0, BLOCK_N)
-    if MASKED:
-        col_ok = cols < kv_end
-        slot = tl.load(KV_INDICES + kv_base + cols, mask=col_ok, other=0).to(tl.int64)
-    else:
-        slot = tl.load(KV_INDICES + kv_base + cols).to(tl.int64)
-    row_ptr = KV + slot[:, None] * stride_kv  # [BLOCK_N, 1]
-    offs_main = tl.arange(0, D_MAIN)
-    if MASKED:
-        k_main = tl.load(row_ptr + offs_main[None, :], mask=col_ok[:, None], other=0.0)
-    else:
-        k_main = tl.load(row_ptr + offs_main[None, :])
-    if UPCAST:
-        k_main = k_main.to(tl.float32)
-    s_t = tl.dot(k_main, qt_main)  # [BLOCK_N, BLOCK_M]
-    if D_TAIL > 0:
-        offs_tail = D_MAIN + tl.arange(0, D_TAIL)
-        tail_ok = offs_tail < D
-        if MASKED:
-            k_tail = tl.load(row_ptr + offs_tail[None, :], mask=col_ok[:, None] & tail_ok[None, :], other=0.0)
-        else:
-            k_tail = tl.load(row_ptr + offs_tail[None, :], mask=tail_ok[None, :], other=0.0)
-        if UPCAST:
-            k_tail = k_tail.to(tl.float32)
-        s_t += tl.dot(k_tail, qt_tail)
-    s_t = s_t * qk_scale
-
-    if MASKED:
-        u = cols - prefix_len
-        is_draft = (u >= 0) & col_ok
-        if CAUSAL:
-            draft_ok = u[:, None] <= t_idx[None, :]
-        else:
-            bits = tl.load(
-                TREE_MASK + mask_offset + t_idx[None, :] * num_draft + u[:, None],
-                mask=row_ok[None, :] & is_draft[:, None],
-                other=0,
-            )
-            draft_ok = bits != 0
-        visible = col_ok[:, None] & ((u[:, None] < 0) | draft_ok)
-        s_t = tl.where(visible, s_t, float("-inf"))
-
-    m_new = tl.maximum(m_i, tl.max(s_t, 0))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p_t = tl.math.exp2(s_t - m_safe[None, :])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p_t, 0)
-    acc_t = acc_t * alpha[None, :]
-    if V_IS_K_MAIN:
-        v = k_main
-    else:
-        offs_v = dv_off + tl.arange(0, BLOCK_DV)
-        if MASKED:
-            v = tl.load(row_ptr + offs_v[None, :], mask=col_ok[:, None] & (offs_v[None, :] < DV), other=0.0)
-        else:
-            v = tl.load(row_ptr + offs_v[None, :], mask=offs_v[None, :] < DV, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-    acc_t = tl.dot(tl.trans(v), p_t.to(v.dtype), acc_t)
-    return acc_t, m_new, l_i
-
-
 # Head counts vary per model and batch; specializing on them (==1, %16) would multiply compiles.
 @triton.jit(do_not_specialize=["num_heads"])
 def _mla_verify_split_kernel(
-    Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, P_SCRATCH, ALPHA_SCRATCH,
-    QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+    Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
+    COUNTS, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
     W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
     num_heads, qk_scale,
     stride_qn, stride_qh, stride_kv, stride_on, stride_oh,
     D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
-    DV: tl.constexpr, BLOCK_DV: tl.constexpr, DV_SPLITS: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, KEYS_AS_M: tl.constexpr, SCRATCH_P: tl.constexpr,
+    CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Grid: (num_work, DV_SPLITS).  Q: [N, H, D].  KV: [num_slots, D].  OUT: [N, H, DV].
-    PARTIAL_O: fp32 [num_work, BLOCK_M, BLOCK_DV * DV_SPLITS].  PARTIAL_LSE: fp32 [num_work, BLOCK_M] (log2 domain).
-    Program (w, j) computes output columns [j * BLOCK_DV, (j + 1) * BLOCK_DV): splitting the
-    value columns halves the accumulator registers at the price of computing scores twice.
-    KEYS_AS_M computes the transposed products (see ``_attend_tile_keys_as_m``).
-    P_SCRATCH: [grid programs, BLOCK_M * BLOCK_N] (q's dtype), ALPHA_SCRATCH: fp32
-    [grid programs, BLOCK_M]; used only with SCRATCH_P (see ``_attend_tile``).
+    """Grid: (>= num_work,).  Q: [N, H, D].  KV: [num_slots, D].  OUT: [N, H, DV].
+    PARTIAL_O: fp32 [num_work, BLOCK_M, BLOCK_DV].  PARTIAL_LSE: fp32 [num_work, BLOCK_M] (log2 domain).
+    COUNTS: int32 [2], COUNTS[0] = num_work: programs past it (a grid sized for the largest
+    plan, as under CUDA graphs) exit without reading or writing anything else.
     """
     tl.static_assert(D_MAIN <= D, "D_MAIN is the power-of-two head part")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
     # V reuses the loaded K tile only when the value block is exactly the power-of-two head part.
-    V_IS_K_MAIN: tl.constexpr = (BLOCK_DV == D_MAIN) and (DV == D_MAIN) and (DV_SPLITS == 1)
+    V_IS_K_MAIN: tl.constexpr = (BLOCK_DV == D_MAIN) and (DV == D_MAIN)
 
     w = tl.program_id(0)
-    dv_off = tl.program_id(1) * BLOCK_DV
-    program = w.to(tl.int64) * DV_SPLITS + tl.program_id(1)
-    p_scratch = P_SCRATCH + program * (BLOCK_M * BLOCK_N)
-    alpha_scratch = ALPHA_SCRATCH + program * BLOCK_M
+    if w >= tl.load(COUNTS):
+        return
     b = tl.load(W_REQ + w)
     mblk = tl.load(W_MBLK + w)
     kv_start = tl.load(W_KV_START + w)
@@ -246,90 +148,64 @@ def _mla_verify_split_kernel(
     q_row = Q + (qo_start + t_idx).to(tl.int64) * stride_qn + h_idx * stride_qh  # [BLOCK_M]
     offs_main = tl.arange(0, D_MAIN)
     offs_tail = D_MAIN + tl.arange(0, D_TAIL if D_TAIL > 0 else 16)
-    if KEYS_AS_M:
-        q_main = tl.load(q_row[None, :] + offs_main[:, None], mask=row_ok[None, :], other=0.0)  # [D_MAIN, BLOCK_M]
-        q_tail = tl.load(q_row[None, :] + offs_tail[:, None], mask=row_ok[None, :] & (offs_tail[:, None] < D), other=0.0)
-        acc = tl.zeros([BLOCK_DV, BLOCK_M], dtype=tl.float32)
-    else:
-        q_main = tl.load(q_row[:, None] + offs_main[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_MAIN]
-        q_tail = tl.load(q_row[:, None] + offs_tail[None, :], mask=row_ok[:, None] & (offs_tail[None, :] < D), other=0.0)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    q_main = tl.load(q_row[:, None] + offs_main[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D_MAIN]
+    q_tail = tl.load(q_row[:, None] + offs_tail[None, :], mask=row_ok[:, None] & (offs_tail[None, :] < D), other=0.0)
     if UPCAST:
         q_main = q_main.to(tl.float32)
         q_tail = q_tail.to(tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     # Whole prefix tiles first, without masks; then the masked tail (draft keys, chunk end).
     for start in range(kv_start, full_end, BLOCK_N):
-        if KEYS_AS_M:
-            acc, m_i, l_i = _attend_tile_keys_as_m(
-                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
-                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
-                stride_kv, qk_scale, dv_off,
-                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST,
-            )
-        else:
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK, p_scratch, alpha_scratch,
-                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
-                stride_kv, qk_scale, dv_off,
-                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST, SCRATCH_P,
-            )
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+            kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+            stride_kv, qk_scale,
+            D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST,
+        )
     for start in range(full_end, kv_end, BLOCK_N):
-        if KEYS_AS_M:
-            acc, m_i, l_i = _attend_tile_keys_as_m(
-                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
-                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
-                stride_kv, qk_scale, dv_off,
-                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, True, CAUSAL, UPCAST,
-            )
-        else:
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK, p_scratch, alpha_scratch,
-                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
-                stride_kv, qk_scale, dv_off,
-                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, True, CAUSAL, UPCAST, SCRATCH_P,
-            )
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+            kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+            stride_kv, qk_scale,
+            D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, True, CAUSAL, UPCAST,
+        )
 
-    offs_dv = dv_off + tl.arange(0, BLOCK_DV)
+    offs_dv = tl.arange(0, BLOCK_DV)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o_row = OUT + (qo_start + t_idx).to(tl.int64) * stride_on + h_idx * stride_oh  # [BLOCK_M]
     p_row = w.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    p_base = PARTIAL_O + p_row * (BLOCK_DV * DV_SPLITS)  # [BLOCK_M]
-    if KEYS_AS_M:
-        o_ptr = o_row[None, :] + offs_dv[:, None]
-        o_ok = row_ok[None, :] & (offs_dv[:, None] < DV)
-        p_ptr = p_base[None, :] + offs_dv[:, None]
-        o_val = acc / l_safe[None, :]
-    else:
-        o_ptr = o_row[:, None] + offs_dv[None, :]
-        o_ok = row_ok[:, None] & (offs_dv[None, :] < DV)
-        p_ptr = p_base[:, None] + offs_dv[None, :]
-        o_val = acc / l_safe[:, None]
+    o_ptr = o_row[:, None] + offs_dv[None, :]
+    o_ok = row_ok[:, None] & (offs_dv[None, :] < DV)
+    p_ptr = PARTIAL_O + p_row[:, None] * BLOCK_DV + offs_dv[None, :]
+    o_val = acc / l_safe[:, None]
     if nsplit == 1:
         tl.store(o_ptr, o_val.to(OUT.dtype.element_ty), mask=o_ok)
     else:
         tl.store(p_ptr, o_val)
-        if dv_off == 0:
-            lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
-            tl.store(PARTIAL_LSE + p_row, lse)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+        tl.store(PARTIAL_LSE + p_row, lse)
 
 
 @triton.jit(do_not_specialize=["num_heads"])
 def _mla_verify_combine_kernel(
     OUT, PARTIAL_O, PARTIAL_LSE,
-    QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
+    COUNTS, QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
     num_heads, stride_on, stride_oh,
     DV: tl.constexpr, PARTIAL_DV: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Grid: (num_row_blocks, BLOCK_M, cdiv(DV, BLOCK_C)).  Merges the splits of one packed row's
+    """Grid: (>= num_row_blocks, BLOCK_M, cdiv(DV, BLOCK_C)).  Merges the splits of one packed row's
     BLOCK_C output columns into OUT [N, H, DV]; splits are read BLOCK_S at a time so a row with
     hundreds of splits is a few wide loads, not hundreds of dependent ones.
     PARTIAL_O: fp32 [num_work, BLOCK_M, PARTIAL_DV].  PARTIAL_LSE: fp32 [num_work, BLOCK_M].
+    COUNTS: int32 [2], COUNTS[1] = num_row_blocks: programs past it exit.
     """
     i = tl.program_id(0)
+    if i >= tl.load(COUNTS + 1):
+        return
     r = tl.program_id(1)
     nsplit = tl.load(MB_NSPLIT + i)
     b = tl.load(MB_REQ + i)

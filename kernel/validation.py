@@ -74,6 +74,27 @@ def check_inputs(
     qo_indptr, kv_indptr: int32 [B+1].  kv_indices: int32/int64 [total].
     tree_mask: bool/uint8 [sum_b T_b^2] or None.  out: [N, H, v_head_dim], q's dtype, or None.
     """
+    shapes = check_planned_inputs(q, kv_cache, kv_indices, tree_mask, v_head_dim, out)
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+        _expect(t.dim() == 1 and t.numel() >= 2, f"{name} of shape [B+1] with B >= 1", tuple(t.shape))
+        _expect(t.dtype == torch.int32, f"{name}.dtype == torch.int32", t.dtype)
+        _expect(t.device == q.device, f"{name} on q's device ({q.device})", t.device)
+    _expect(qo_indptr.numel() == kv_indptr.numel(), f"kv_indptr of shape [B+1] = {tuple(qo_indptr.shape)} like qo_indptr", tuple(kv_indptr.shape))
+    return VerifyShapes(shapes.num_tokens, shapes.num_heads, shapes.head_dim, v_head_dim, qo_indptr.numel() - 1, shapes.num_slots)
+
+
+def check_planned_inputs(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor | None,
+    v_head_dim: int,
+    out: torch.Tensor | None,
+) -> VerifyShapes:
+    """Validate the tensors of ``MLAVerifyWrapper.run`` (shapes and dtypes only: no host sync).
+
+    Shapes as in :func:`check_inputs`; the returned ``batch`` is 0 (the plan knows it).
+    """
     _expect(q.dim() == 3, "q of shape [N, H, D]", tuple(q.shape))
     _expect(q.dtype in SUPPORTED_DTYPES, "q.dtype in (torch.bfloat16, torch.float16)", q.dtype)
     n, h, d = q.shape
@@ -84,10 +105,6 @@ def check_inputs(
     _expect(rows.shape[1] == d, f"kv_cache rows of length D={d} (q's last dimension)", rows.shape[1])
     _expect(rows.stride(1) == 1, "kv_cache contiguous in its last dimension (stride 1)", rows.stride())
     check_dims(d, v_head_dim)
-    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        _expect(t.dim() == 1 and t.numel() >= 2, f"{name} of shape [B+1] with B >= 1", tuple(t.shape))
-        _expect(t.dtype == torch.int32, f"{name}.dtype == torch.int32", t.dtype)
-    _expect(qo_indptr.numel() == kv_indptr.numel(), f"kv_indptr of shape [B+1] = {tuple(qo_indptr.shape)} like qo_indptr", tuple(kv_indptr.shape))
     _expect(kv_indices.dim() == 1, "kv_indices of shape [total]", tuple(kv_indices.shape))
     _expect(kv_indices.dtype in INDEX_DTYPES, "kv_indices.dtype in (torch.int32, torch.int64)", kv_indices.dtype)
     if tree_mask is not None:
@@ -97,14 +114,14 @@ def check_inputs(
         _expect(tuple(out.shape) == (n, h, v_head_dim), f"out of shape {(n, h, v_head_dim)} ([N, H, v_head_dim])", tuple(out.shape))
         _expect(out.dtype == q.dtype, f"out.dtype == q.dtype ({q.dtype})", out.dtype)
         _expect(out.stride(2) == 1, "out contiguous in its last dimension (stride 1)", out.stride())
-    tensors = [("kv_cache", kv_cache), ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)]
+    tensors = [("kv_cache", kv_cache), ("kv_indices", kv_indices)]
     if tree_mask is not None:
         tensors.append(("tree_mask", tree_mask))
     if out is not None:
         tensors.append(("out", out))
     for name, t in tensors:
         _expect(t.device == q.device, f"{name} on q's device ({q.device})", t.device)
-    return VerifyShapes(n, h, d, v_head_dim, qo_indptr.numel() - 1, rows.shape[0])
+    return VerifyShapes(n, h, d, v_head_dim, 0, rows.shape[0])
 
 
 def check_lengths(

@@ -1,16 +1,22 @@
 """Benchmark gate: kernel time as a fraction of the roofline, and speedup over the naive oracle.
 
-Every row: B=1 (or a ragged B=8 batch), bf16, D=576, DV=512, slots from ``torch.randperm`` of a
-fresh pool 1.25x the rows needed (past the 50 MB L2), a random draft tree. The kernel is timed
-with ``triton.testing.do_bench`` (median, L2 flushed between reps) into a preallocated ``out``,
-after its output has been checked against the fp32 oracle. Ceilings are measured first, in the
-same process. Rows are classed by packed rows ``H*T``: memory-bound (<= 64), compute-bound
-(>= 256), mid otherwise.
+Every row: B=1 (or a ragged B=8 batch, or a batched T=1 decode row), bf16, D=576, DV=512,
+slots from ``torch.randperm`` of a fresh pool 1.25x the rows needed (past the 50 MB L2), a
+random draft tree. The kernel is timed with ``triton.testing.do_bench`` (median, L2 flushed
+between reps) into a preallocated ``out``, after its output has been checked against the fp32
+oracle. Ceilings are measured first, in the same process. Rows are classed by packed rows
+``H*T``: memory-bound (<= 64), compute-bound (>= 256), mid otherwise. The decode rows
+(``phases.kernel.bench.shapes.DECODE_*``) are reported, not thresholded.
 
-``time_us`` (and so ``frac``) is the planned call a serving engine makes per layer:
-``MLAVerifyWrapper.plan()`` runs once per row outside the timing and ``run(out=)`` is captured in a CUDA graph whose replay is timed (device time, as an engine under
-graph capture pays it); ``call_us`` is the one-call ``mla_verify_attention`` run eagerly,
-including its host-side planning, reported next to it.
+Three times per row: ``time_us`` (and so ``frac``) is the planned call a serving engine makes
+per layer, ``MLAVerifyWrapper.plan()`` once outside the timing and ``run(out=)`` captured in a
+CUDA graph whose replay is timed (device time, as an engine under graph capture pays it);
+``eager_us`` is the same planned ``run`` launched eagerly (plus host launch cost); ``call_us``
+is the one-call ``mla_verify_attention`` run eagerly, including its host-side planning.
+
+Artifacts (through ``runner.gatekit``): ``bench.json``, ``bench.md`` and two plots,
+``roofline-fraction`` (fraction vs context per (H, T)) and ``kv-bandwidth`` (KV bandwidth vs
+context, the naive oracle as reference series).
 
 Gate: ``call: phases.kernel.benchmark:run``.
 Standalone: ``python -m phases.kernel.benchmark [--quick] [--out DIR]``.
@@ -20,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -30,25 +35,31 @@ from pathlib import Path
 
 import torch
 
-from kernel.mla_verify import MLAVerifyWrapper
+from runner import gatekit
+
 from kernel.reference import mla_verify_reference
-from phases.kernel.cases import PRODUCTION_SM_SCALE, Case, build_inputs
-from phases.kernel.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from phases.kernel.bench.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.kernel.bench.shapes import (
+    BATCH8_CONTEXTS,
+    BATCH8_SHAPE,
+    BENCH_SHAPES,
+    COMPARISON_CONTEXT,
+    DEFAULT_CONTEXTS,
+    HEAD_DIM,
+    LAYOUT_COMPARISON_SHAPE,
+    QUICK_CONTEXTS,
+    TREE_COMPARISON_SHAPE,
+    V_HEAD_DIM,
+    decode_batch_shapes,
+)
+from phases.kernel.bench.timing import bench_us, graph_replay, planned_run
 from phases.kernel.verify import max_request_rel_err
 
-BENCH_SHAPES = ((16, 1), (128, 1), (8, 8), (16, 8), (64, 8), (128, 8), (16, 32), (64, 32))  # (H, T)
-DEFAULT_CONTEXTS = (4096, 16384, 65536, 131072, 262144)
-QUICK_CONTEXTS = (65536, 131072)
-BATCH8_SHAPE = (16, 8)
-BATCH8_CONTEXTS = (1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072)  # ragged, 1k..128k
-COMPARISON_CONTEXT = 65536
-TREE_COMPARISON_SHAPE = (16, 8)
-LAYOUT_COMPARISON_SHAPE = (16, 1)
 ORACLE_MIN_CONTEXT = 16384
 ORACLE_MAX_BYTES = 20 << 30
 MEMORY_BOUND_MAX_ROWS = 64
 COMPUTE_BOUND_MIN_ROWS = 256
-HEAD_DIM, V_HEAD_DIM = 576, 512
 
 
 @dataclass
@@ -56,14 +67,15 @@ class BenchRow:
     """One timed configuration. Times in microseconds; ``oracle_us``/``speedup`` None when not timed."""
 
     name: str
-    kind: str  # "sweep" | "batch" | "tree" | "causal" | "scattered" | "contiguous"
+    kind: str  # "sweep" | "batch" | "decode" | "tree" | "causal" | "scattered" | "contiguous"
     context: int  # L (the largest L_b for a batch)
     num_heads: int
     num_draft: int
     batch_size: int
     total_kv: int
-    time_us: float
-    call_us: float
+    time_us: float  # planned run, CUDA-graph replay (eager where no graph can be captured)
+    eager_us: float  # planned run, launched eagerly
+    call_us: float  # one-call API, eagerly, host planning included
     kv_GBps: float
     tflops: float
     roofline_us: float
@@ -76,11 +88,13 @@ class BenchRow:
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """What to time: the (H, T) sweep over contexts, the ragged batch and the two comparisons."""
+    """What to time: the (H, T) sweep over contexts, the ragged batch, the (B, H, L) decode rows
+    and the two comparisons."""
 
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
     shapes: tuple[tuple[int, int], ...] = BENCH_SHAPES
     batch_contexts: tuple[int, ...] = BATCH8_CONTEXTS
+    decode_shapes: tuple[tuple[int, int, int], ...] = tuple(decode_batch_shapes())
     comparison_context: int = COMPARISON_CONTEXT
     oracle_min_context: int = ORACLE_MIN_CONTEXT
     oracle_max_context: int | None = None  # None: no upper bound (the ~20 GB cap still applies)
@@ -100,7 +114,8 @@ def run(
         seed: input seed.
         oracle_max_context: time the oracle only up to this context (None: no upper bound;
             it is always skipped below 16k and above ~20 GB of temporaries).
-        artifacts_dir: where ``bench.json``/``bench.md`` go (None: ``$RUNNER_ARTIFACTS`` if set).
+        artifacts_dir: where ``bench.json``, ``bench.md`` and the plots go (None: the runner's
+            artifacts through ``runner.gatekit``, nothing outside the runner).
     Returns:
         metrics: ``copy_bw_TBps``, ``bf16_TFLOPs``, ``min_frac_{memory,mid,compute}_{64k,16k}``,
         ``min_frac_batch8``, ``min_speedup_64k``, ``tree_mask_overhead``, ``scattered_overhead``,
@@ -115,13 +130,11 @@ def run(
     started = time.perf_counter()
     ceilings = measure_ceilings(device)
     spec = BenchSpec(contexts=tuple(contexts), oracle_max_context=oracle_max_context, seed=seed)
-    rows = measure_rows(spec, mla_verify_attention, ceilings, device, prepare_run=planned_run)
+    rows = measure_rows(spec, mla_verify_attention, ceilings, device, prepare_run=eager_planned_run)
     metrics = summarize(rows, ceilings)
     device_info = describe_device(device)
     table = markdown_table(rows, ceilings, device_info)
-    target = artifacts_dir or os.environ.get("RUNNER_ARTIFACTS")
-    if target:
-        write_artifacts(Path(target), rows, ceilings, device_info, metrics, table)
+    write_artifacts(None if artifacts_dir is None else Path(artifacts_dir), rows, ceilings, device_info, metrics, table)
     metrics["elapsed_s"] = round(time.perf_counter() - started, 2)
     print(table, flush=True)  # the gate's log keeps the table
     return metrics
@@ -135,15 +148,17 @@ def measure_rows(
     time_fn: Callable[..., float] | None = None,
     prepare_run: Callable[[dict, torch.Tensor], Callable[[], torch.Tensor]] | None = None,
 ) -> list[BenchRow]:
-    """Every row of ``spec``, in order: sweep, ragged batch, tree vs causal, scattered vs contiguous.
+    """Every row of ``spec``, in order: sweep, ragged batch, decode rows, tree vs causal,
+    scattered vs contiguous.
 
     ``attention_fn``: the one-call API (checked against the oracle, and timed as ``call_us``).
     ``time_fn(fn, warmup_ms=, rep_ms=) -> microseconds`` defaults to ``do_bench``'s median.
-    ``prepare_run(inputs, out) -> fn`` returns the zero-argument call timed as ``time_us``
-    (None: the one-call API itself, so ``call_us == time_us``).
+    ``prepare_run(inputs, out) -> fn`` returns the zero-argument planned call, timed eagerly as
+    ``eager_us`` and, on a GPU, replayed from a CUDA graph as ``time_us`` (None: the one-call
+    API itself, so all three times are its time).
     """
-    bench = _Bench(attention_fn, ceilings, device, spec, time_fn or _bench_us, prepare_run)
-    progress = _Progress(os.environ.get("RUNNER_PROGRESS"), len(spec.contexts) * len(spec.shapes) + 5)
+    bench = _Bench(attention_fn, ceilings, device, spec, time_fn or bench_us, prepare_run)
+    progress = _Progress(len(spec.contexts) * len(spec.shapes) + len(spec.decode_shapes) + 5)
     base_seed = spec.seed * 1000
     rows: list[BenchRow] = []
     for context in spec.contexts:
@@ -161,6 +176,12 @@ def measure_rows(
     )
     rows.append(bench.measure(f"b{batch_case.batch_size}_h{batch_heads}_t{batch_draft}", "batch", batch_case))
     progress.step()
+    for batch_size, num_heads, context in spec.decode_shapes:
+        case = Case(num_heads=num_heads, draft_lens=(1,) * batch_size, context_lens=(context,) * batch_size,
+                    sm_scale=PRODUCTION_SM_SCALE, seed=base_seed + len(rows))
+        name = f"b{batch_size}_h{num_heads}_t1_{context_label(context)}"
+        rows.append(bench.measure(name, "decode", case, oracle=False))
+        progress.step()
     tree_case = _single_case(*TREE_COMPARISON_SHAPE, spec.comparison_context, seed=base_seed + 901)
     rows += bench.compare_tree_causal(tree_case)
     progress.step(2)
@@ -189,15 +210,15 @@ class _Bench:
         self.time_fn = time_fn
         self.prepare_run = prepare_run
 
-    def measure(self, name: str, kind: str, case: Case) -> BenchRow:
-        """Check, then time one row on a fresh pool."""
+    def measure(self, name: str, kind: str, case: Case, oracle: bool = True) -> BenchRow:
+        """Check, then time one row on a fresh pool (and the oracle, if ``oracle`` and in range)."""
         inputs = build_inputs(case, self.device)
         out = _empty_out(inputs, case)
         planned = self._prepare(inputs, out)
         rel_err = self._check(inputs, out, planned)
-        time_us, call_us = self._time_kernel(inputs, out, planned)
-        oracle_us = self._time_oracle(case, inputs)
-        return self._row(name, kind, case, (time_us, call_us), oracle_us, rel_err)
+        times = self._time_kernel(inputs, out, planned)
+        oracle_us = self._time_oracle(case, inputs) if oracle else None
+        return self._row(name, kind, case, times, oracle_us, rel_err)
 
     def compare_tree_causal(self, case: Case) -> list[BenchRow]:
         """The same inputs with the tree mask and with ``tree_mask=None``, timed alternately."""
@@ -218,37 +239,42 @@ class _Bench:
         outs = [_empty_out(inputs, case) for _, case, inputs in variants]
         planned = [self._prepare(inputs, out) for (_, _, inputs), out in zip(variants, outs)]
         rel_errs = [self._check(v[2], out, run) for v, out, run in zip(variants, outs, planned)]
-        best = [(float("inf"), float("inf"))] * len(variants)
+        best = [(float("inf"),) * 3] * len(variants)
         for _ in range(2):
             for i, ((_, _, inputs), out) in enumerate(zip(variants, outs)):
                 times = self._time_kernel(inputs, out, planned[i])
-                best[i] = (min(best[i][0], times[0]), min(best[i][1], times[1]))
+                best[i] = tuple(min(b, t) for b, t in zip(best[i], times))
         rows = []
         for (label, case, _), times, rel_err in zip(variants, best, rel_errs):
             base = f"h{case.num_heads}_t{case.draft_lens[0]}_{context_label(case.context_lens[0])}"
             rows.append(self._row(f"{base}_{label}", label, case, times, None, rel_err))
         return rows
 
-    def _prepare(self, inputs: dict, out: torch.Tensor) -> Callable[[], torch.Tensor] | None:
-        return None if self.prepare_run is None else self.prepare_run(inputs, out)
+    def _prepare(self, inputs: dict, out: torch.Tensor) -> tuple[Callable[[], object], ...] | None:
+        """``(eager, replay)`` planned calls (replay is the eager call where no graph can be captured)."""
+        if self.prepare_run is None:
+            return None
+        eager = self.prepare_run(inputs, out)
+        return eager, graph_replay(eager) if out.is_cuda else eager
 
     def _time_kernel(
-        self, inputs: dict, out: torch.Tensor, planned: Callable[[], torch.Tensor] | None
-    ) -> tuple[float, float]:
-        """(time_us, call_us): the prepared (planned) call and the one-call API."""
+        self, inputs: dict, out: torch.Tensor, planned: tuple[Callable[[], object], ...] | None
+    ) -> tuple[float, float, float]:
+        """(time_us, eager_us, call_us): planned replay, planned eager call, one-call API."""
         call_us = self.time_fn(lambda: self.attention_fn(**inputs, out=out), warmup_ms=25, rep_ms=200)
         if planned is None:
-            return call_us, call_us
-        return self.time_fn(planned, warmup_ms=25, rep_ms=200), call_us
+            return call_us, call_us, call_us
+        eager, replay = planned
+        eager_us = self.time_fn(eager, warmup_ms=25, rep_ms=200)
+        time_us = eager_us if replay is eager else self.time_fn(replay, warmup_ms=25, rep_ms=200)
+        return time_us, eager_us, call_us
 
-    def _check(self, inputs: dict, out: torch.Tensor, planned: Callable[[], torch.Tensor] | None) -> float:
+    def _check(self, inputs: dict, out: torch.Tensor, planned: tuple[Callable[[], object], ...] | None) -> float:
         """Largest per-request relative error vs the fp32 oracle, over the one-call API and the
-        planned call (each into a NaN-poisoned ``out``); inf when either leaves NaN/inf."""
+        planned calls (each into a NaN-poisoned ``out``); inf when any leaves NaN/inf."""
         oracle = mla_verify_reference(**inputs, compute_dtype=torch.float32, out_dtype=torch.float32)
         worst = 0.0
-        for call in (lambda: self.attention_fn(**inputs, out=out), planned):
-            if call is None:
-                continue
+        for call in (lambda: self.attention_fn(**inputs, out=out), *(planned or ())):
             out.fill_(float("nan"))
             call()
             if not bool(torch.isfinite(out).all()):
@@ -273,12 +299,12 @@ class _Bench:
         name: str,
         kind: str,
         case: Case,
-        times_us: tuple[float, float],
+        times_us: tuple[float, float, float],
         oracle_us: float | None,
         rel_err: float,
     ) -> BenchRow:
-        """A row from ``times_us = (time_us, call_us)``; roofline from the same-run ceilings."""
-        time_us, call_us = times_us
+        """A row from ``times_us = (time_us, eager_us, call_us)``; roofline from the same-run ceilings."""
+        time_us, eager_us, call_us = times_us
         heads, drafts, contexts = case.num_heads, case.draft_lens, case.context_lens
         num_bytes = mla_verify_bytes(contexts, drafts, heads, HEAD_DIM, V_HEAD_DIM)
         flops = mla_verify_flops(contexts, drafts, heads, HEAD_DIM, V_HEAD_DIM)
@@ -293,6 +319,7 @@ class _Bench:
             batch_size=case.batch_size,
             total_kv=case.total_kv,
             time_us=round(time_us, 2),
+            eager_us=round(eager_us, 2),
             call_us=round(call_us, 2),
             kv_GBps=round(case.total_kv * HEAD_DIM * 2 / seconds / 1e9, 1),
             tflops=round(flops / seconds / 1e12, 1),
@@ -365,16 +392,19 @@ def markdown_table(rows: list[BenchRow], ceilings: Ceilings, device_info: dict) 
         f"- copy bandwidth (D2D, read + written): {ceilings.copy_bw_bytes_per_s / 1e12:.3f} TB/s",
         f"- bf16 matmul 8192^3: {ceilings.bf16_flops_per_s / 1e12:.1f} TFLOP/s",
         "",
-        "| row | context | H | T | B | time_us | call_us | kv_GBps | TFLOP/s | roofline_us | frac | bound "
+        "time_us: planned run replayed from a CUDA graph; eager_us: the same run launched eagerly; "
+        "call_us: one-call mla_verify_attention, eagerly (host planning included).",
+        "",
+        "| row | context | H | T | B | time_us | eager_us | call_us | kv_GBps | TFLOP/s | roofline_us | frac | bound "
         "| oracle_us | speedup | rel_err |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         oracle = "n/a" if r.oracle_us is None else f"{r.oracle_us:.1f}"
         speedup = "n/a" if r.speedup is None else f"{r.speedup:.2f}"
         lines.append(
             f"| {r.name} | {context_label(r.context)} | {r.num_heads} | {r.num_draft} | {r.batch_size} | "
-            f"{r.time_us:.1f} | {r.call_us:.1f} | {r.kv_GBps:.0f} | {r.tflops:.1f} | {r.roofline_us:.1f} | {r.frac:.3f} | "
+            f"{r.time_us:.1f} | {r.eager_us:.1f} | {r.call_us:.1f} | {r.kv_GBps:.0f} | {r.tflops:.1f} | {r.roofline_us:.1f} | {r.frac:.3f} | "
             f"{r.bound} | "
             f"{oracle} | {speedup} | {r.rel_err:.2e} |"
         )
@@ -399,56 +429,58 @@ def describe_device(device: torch.device) -> dict:
 
 
 def write_artifacts(
-    directory: Path, rows: list[BenchRow], ceilings: Ceilings, device_info: dict, metrics: dict, table: str
+    directory: Path | None, rows: list[BenchRow], ceilings: Ceilings, device_info: dict, metrics: dict, table: str
 ) -> None:
-    """``bench.json`` (rows, ceilings, device, metrics) and ``bench.md`` (the table)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """``bench.json`` (rows, ceilings, device, metrics), ``bench.md`` (the table) and the plots
+    (see ``plots``): into ``directory``, or the runner's artifacts through ``runner.gatekit``
+    when it is None (nothing outside the runner)."""
     payload = {
         "device": device_info,
         "ceilings": asdict(ceilings),
         "metrics": metrics,
         "rows": [asdict(r) for r in rows],
     }
-    (directory / "bench.json").write_text(json.dumps(payload, indent=1))
-    (directory / "bench.md").write_text(table)
+    files = {"bench.json": json.dumps(payload, indent=1), "bench.md": table}
+    figures = plots(rows)
+    if directory is None:
+        for name, text in files.items():
+            gatekit.write_artifact(name, text)
+        for name, figure in figures.items():
+            gatekit.write_plot(name, figure["series"], title=figure["title"], x=figure["x"], y=figure["y"])
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    for name, figure in figures.items():
+        document = gatekit.plot_document(figure["series"], title=figure["title"], x=figure["x"], y=figure["y"])
+        (directory / f"{name}.plot.json").write_text(json.dumps(document, indent=1) + "\n")
 
 
-def planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], object]:
-    """The serving-engine call: ``MLAVerifyWrapper.plan`` once here, then ``run(out=)`` captured
-    in a CUDA graph and replayed per call, as an engine running under graph capture does.
+def plots(rows: list[BenchRow]) -> dict[str, dict]:
+    """The report's figures from the sweep rows, in the ``runner.plot/1`` terms of ``runner.gatekit``.
 
-    Replay times the device work alone; host launch overhead (tens of microseconds, and noisy
-    on a shared host) would otherwise dominate the short rows.
+    ``roofline-fraction``: fraction of the roofline vs context, one series per (H, T).
+    ``kv-bandwidth``: KV bytes read per second vs context per (H, T), with the naive oracle's
+    (where it was timed) as reference series.
     """
-    q = inputs["q"]
-    wrapper = MLAVerifyWrapper(q.device)
-    wrapper.plan(
-        inputs["qo_indptr"], inputs["kv_indptr"], num_heads=q.shape[1], head_dim=q.shape[2],
-        v_head_dim=inputs["v_head_dim"], dtype=q.dtype,
-    )
-    args = (q, inputs["kv_cache"], inputs["kv_indices"], inputs["tree_mask"], inputs["sm_scale"])
-    run = lambda: wrapper.run(*args, out=out)  # noqa: E731
-    return _graph_replay(run) if q.is_cuda else run
-
-
-def _graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture ``fn`` (device work only, no host syncs) in a CUDA graph; return its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up compiles and allocates outside the capture
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-
-    def replay() -> None:
-        graph.replay()
-
-    # The graph reads the buffers ``fn`` closes over (the wrapper's plan tensors and
-    # workspace): they must live as long as the graph, or their memory is reused under it.
-    replay.captured = fn
-    return replay
+    sweep = [r for r in rows if r.kind == "sweep"]
+    shapes = list(dict.fromkeys((r.num_heads, r.num_draft) for r in sweep))
+    context_axis = gatekit.Axis("context", unit="tokens", scale="log")
+    fraction, bandwidth = [], []
+    for heads, drafts in shapes:
+        of_shape = sorted((r for r in sweep if (r.num_heads, r.num_draft) == (heads, drafts)), key=lambda r: r.context)
+        label = f"H={heads} T={drafts}"
+        fraction.append(gatekit.Series(label, [(r.context, r.frac) for r in of_shape]))
+        bandwidth.append(gatekit.Series(label, [(r.context, r.kv_GBps) for r in of_shape]))
+        oracle = [(r.context, r.total_kv * HEAD_DIM * 2 / (r.oracle_us * 1e-6) / 1e9) for r in of_shape if r.oracle_us]
+        if oracle:
+            bandwidth.append(gatekit.Series(f"naive oracle {label}", oracle, reference=True))
+    return {
+        "roofline-fraction": dict(series=fraction, title="Fraction of the same-run roofline vs context (B=1)",
+                                  x=context_axis, y=gatekit.Axis("fraction of roofline")),
+        "kv-bandwidth": dict(series=bandwidth, title="KV bandwidth vs context (B=1), naive oracle dashed",
+                             x=context_axis, y=gatekit.Axis("KV bandwidth", unit="GB/s", scale="log")),
+    }
 
 
 def _single_case(num_heads: int, num_draft: int, context: int, seed: int) -> Case:
@@ -468,28 +500,25 @@ def _empty_out(inputs: dict, case: Case) -> torch.Tensor:
     return torch.empty(q.shape[0], q.shape[1], case.v_head_dim, dtype=q.dtype, device=q.device)
 
 
-def _bench_us(fn: Callable[[], object], *, warmup_ms: int, rep_ms: int) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
-
-
 def _put_min(metrics: dict, name: str, values: list[float]) -> None:
     if values:
         metrics[name] = min(values)
 
 
 class _Progress:
-    """Appends ``{"done": n, "total": m}`` lines to ``$RUNNER_PROGRESS`` when it is set."""
+    """Counts finished rows and reports them through ``runner.gatekit.progress``."""
 
-    def __init__(self, path: str | None, total: int) -> None:
-        self.path, self.total, self.done = path, total, 0
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
 
     def step(self, count: int = 1) -> None:
         self.done += count
-        if self.path:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"done": self.done, "total": self.total}) + "\n")
+        gatekit.progress(self.done, self.total)
+
+
+def eager_planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], object]:
+    """The planned call, eager (the benchmark captures and replays it itself)."""
+    return planned_run(inputs, out, graph=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -497,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark mla_verify_attention against the roofline.")
     parser.add_argument("--quick", action="store_true", help="64k and 128k only; oracle at 64k only")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="directory for bench.json and bench.md")
+    parser.add_argument("--out", default=None, help="directory for bench.json, bench.md and the plots")
     args = parser.parse_args(argv)
     if args.quick:
         metrics = run(contexts=QUICK_CONTEXTS, seed=args.seed, oracle_max_context=65536, artifacts_dir=args.out)

@@ -1,6 +1,6 @@
 """Build gate: compile every kernel configuration the benchmark shapes use and read its resources.
 
-For each (H, T) of ``benchmark.BENCH_SHAPES`` this calls ``kernel.compile_stats`` and keeps one
+For each (H, T) of ``phases.kernel.bench.shapes.BENCH_SHAPES`` this calls ``kernel.compile_stats`` and keeps one
 entry per distinct (kernel, config). Register spills are the thing to catch here: a spilling
 configuration runs, passes verification and quietly loses a large share of its speed.
 
@@ -10,14 +10,12 @@ Gate: ``call: phases.kernel.build:run`` (CUDA). Metrics: ``configs``, ``spills``
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import torch
 
-from phases.kernel.benchmark import BENCH_SHAPES
+from phases.kernel.bench.shapes import BENCH_SHAPES
+from runner import gatekit
 
 
 def run() -> dict:
@@ -26,15 +24,11 @@ def run() -> dict:
         raise RuntimeError("The build gate needs a CUDA GPU (torch.cuda.is_available() is False)")
     from kernel import compile_stats
 
-    stats = collect_stats(compile_stats, BENCH_SHAPES, progress_path=os.environ.get("RUNNER_PROGRESS"))
+    stats = collect_stats(compile_stats, BENCH_SHAPES, on_progress=gatekit.progress)
     metrics = aggregate(stats)
     metrics["shapes"] = len(BENCH_SHAPES)
     table = markdown_table(stats)
-    artifacts = os.environ.get("RUNNER_ARTIFACTS")
-    if artifacts:
-        directory = Path(artifacts)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "build.md").write_text(table)
+    gatekit.write_artifact("build.md", table)
     print(table, flush=True)  # the gate's log keeps the table
     return metrics
 
@@ -42,12 +36,13 @@ def run() -> dict:
 def collect_stats(
     compile_stats: Callable[..., list[dict]],
     shapes: Iterable[tuple[int, int]],
-    progress_path: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
     """Distinct compiled configurations over ``shapes``, first-seen order.
 
     Each entry is a ``compile_stats`` dict (``kernel``, ``config``, ``n_regs``, ``n_spills``,
-    ``shared_bytes``) plus ``shapes``: the ``"H,T"`` pairs that use it.
+    ``shared_bytes``) plus ``shapes``: the ``"H,T"`` pairs that use it. ``on_progress(done, total)``
+    is called after each shape.
     """
     shapes = list(shapes)
     distinct: dict[tuple[str, str], dict] = {}
@@ -56,9 +51,8 @@ def collect_stats(
             key = (str(entry["kernel"]), str(entry["config"]))
             record = distinct.setdefault(key, {**entry, "shapes": []})
             record["shapes"].append(f"{num_heads},{max_draft}")
-        if progress_path:
-            with open(progress_path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"done": done, "total": len(shapes)}) + "\n")
+        if on_progress is not None:
+            on_progress(done, len(shapes))
     return list(distinct.values())
 
 

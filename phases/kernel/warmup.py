@@ -16,8 +16,8 @@ import dataclasses
 import multiprocessing
 import time
 
-from phases.kernel.benchmark import BENCH_SHAPES
-from phases.kernel.cases import Case, full_cases
+from phases.kernel.bench.shapes import BENCH_SHAPES
+from phases.kernel.bench.cases import Case, full_cases
 
 
 def compile_key(case: Case) -> tuple:
@@ -44,7 +44,7 @@ def _compile_one(case: Case) -> str:
     import torch
 
     from kernel import mla_verify_attention
-    from phases.kernel.cases import build_inputs
+    from phases.kernel.bench.cases import build_inputs
 
     inputs = build_inputs(case, torch.device("cuda"))
     mla_verify_attention(**inputs)

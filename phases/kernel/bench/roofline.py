@@ -4,7 +4,7 @@
     FLOPs = sum_b 2 * T_b * H * L_b * (D + DV)                           (Q.K^T and P.V over every key)
     time  = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate)
 
-as in DESIGN.md; the mask is ignored (every key counted), indices and metadata are not.
+The mask is ignored (every key counted); indices and metadata are not counted.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernel.reference import causal_tree_mask
-from phases.kernel.cases import (
+from phases.kernel.bench.cases import (
     FULL_DRAFTS,
     FULL_HEADS,
     FULL_MAX_CONTEXT,

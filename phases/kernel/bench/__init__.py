@@ -1,0 +1,13 @@
+"""The kernel phase's bench: what the gates and the tuning sweeps share.
+
+- ``shapes``: the benchmark's (H, T) shapes and contexts, the ragged batch and the batched decode rows.
+- ``cases``: seeded ``Case`` descriptions and ``build_inputs`` (the exact keyword arguments of
+  ``kernel.mla_verify_attention``), plus the verify profiles.
+- ``roofline``: same-run ceilings and the bytes / FLOPs of one call.
+- ``timing``: the timing harness (``do_bench`` medians, CUDA-graph replay, CUDA-event timing
+  after an explicit L2 flush) and the planned serving-engine call that the benchmark times.
+- ``tune``: tile-configuration sweeps and the fixed-cost study (``python -m phases.kernel.bench.tune``).
+
+The gates (``phases.kernel.build``, ``verify``, ``benchmark``, ``warmup``) import from here;
+nothing here imports a gate.
+"""

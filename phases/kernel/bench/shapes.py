@@ -1,0 +1,26 @@
+"""What the benchmark times: (H, T) shapes, contexts, the ragged batch and the batched decode rows."""
+
+from __future__ import annotations
+
+HEAD_DIM, V_HEAD_DIM = 576, 512  # DeepSeek-V3 MLA: 512 latent + 64 rope; V is the latent part
+
+BENCH_SHAPES = ((16, 1), (128, 1), (8, 8), (16, 8), (64, 8), (128, 8), (16, 32), (64, 32))  # (H, T), B=1
+DEFAULT_CONTEXTS = (4096, 16384, 65536, 131072, 262144)
+QUICK_CONTEXTS = (65536, 131072)
+
+BATCH8_SHAPE = (16, 8)  # (H, T) of the ragged batch
+BATCH8_CONTEXTS = (1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072)  # ragged, 1k..128k
+
+# Serving decode batches (T=1), reported next to the sweep, not thresholded: (B, H, L) per row.
+DECODE_BATCHES = (16, 64)
+DECODE_HEADS = (16, 128)
+DECODE_CONTEXTS = (4096, 16384)
+
+COMPARISON_CONTEXT = 65536
+TREE_COMPARISON_SHAPE = (16, 8)
+LAYOUT_COMPARISON_SHAPE = (16, 1)
+
+
+def decode_batch_shapes() -> list[tuple[int, int, int]]:
+    """Every (B, H, L) decode row, in report order."""
+    return [(b, h, ctx) for b in DECODE_BATCHES for h in DECODE_HEADS for ctx in DECODE_CONTEXTS]
