@@ -1,0 +1,469 @@
+"""Hopper (sm_90) MLA tree-verify attention written in Gluon, with explicit pipelining.
+
+Same contract, numerics and work decomposition as the Triton path (``kernel.plan``): one
+program per work item (request, 64-row block of packed (draft token, head) rows, KV chunk),
+fp32 partial outputs + log2-sum-exp per split, merged by a combine kernel.
+
+Split kernel organisation (12 warps, warp-specialized):
+
+* producer partition (4 warps): gathers 64 KV rows per stage with 16-byte ``cp.async`` into
+  a ``STAGES``-deep ring (the 512-wide latent part and the 64-wide rope part in separate
+  power-of-two shared buffers). The next tile's slot indices are loaded before waiting for a
+  free slot, so no gather waits on a dependent index load. Each producer thread arrives on the
+  slot's "full" mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``).
+* consumer partition (8 warps, two warpgroups): S = Q Kᵀ with ``warpgroup_mma`` where the two
+  warpgroups own different key columns of S (no duplicated Q·Kᵀ), online softmax in fp32,
+  P staged in shared memory, O += P V with each warpgroup owning 256 of the 512 output
+  columns; then releases the slot on its "empty" mbarrier.
+
+The combine kernel (plain Triton) merges the splits of each packed row by their LSEs and is
+launched with programmatic dependent launch where available.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # Gluon ships with Triton >= 3.5; keep the module importable without it.
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, plan_work
+
+LOG2E = 1.4426950408889634
+HEAD_DIM = 576
+V_HEAD_DIM = 512
+D_MAIN = 512
+D_TAIL = 64
+BLOCK_M = 64
+BLOCK_N = 64
+STAGES = 2
+PRODUCER_WARPS = 4
+PRODUCER_REGS = 56
+CONSUMER_WARPS = 8
+COMBINE_SPLITS = 32
+COMBINE_COLS = 128
+
+
+def tile_config(num_sms: int) -> TileConfig:
+    """The work decomposition this kernel consumes: 64-row blocks, 64-key tiles, ~1 program per SM."""
+    return TileConfig(block_m=BLOCK_M, block_n=BLOCK_N, num_warps=CONSUMER_WARPS, num_stages=STAGES,
+                      target_programs=num_sms)
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _producer(KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
+                  BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """Gather the work item's KV rows, tile by tile, into the shared ring."""
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        row_layout: gl.constexpr = gl.SliceLayout(1, g_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, g_layout)
+        w = gl.program_id(0)
+        b = gl.load(W_REQ + w)
+        kv_start = gl.load(W_KV_START + w)
+        kv_end = gl.load(W_KV_END + w)
+        kv_base = gl.load(KV_INDPTR + b)
+        n_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
+        offs_n = gl.arange(0, BLOCK_N, layout=row_layout)
+        offs_main = gl.arange(0, D_MAIN, layout=col_layout)
+        offs_tail = D_MAIN + gl.arange(0, D_TAIL, layout=col_layout)
+        keys = kv_start + offs_n
+        ok = keys < kv_end
+        slot = gl.load(KV_INDICES + kv_base + keys, mask=ok, other=0)
+        for i in range(n_tiles):
+            s = i % STAGES
+            phase = (i // STAGES) & 1
+            cur_slot = slot
+            cur_ok = ok
+            # Next tile's indices before waiting for a free slot.
+            keys = kv_start + (i + 1) * BLOCK_N + offs_n
+            ok = keys < kv_end
+            slot = gl.load(KV_INDICES + kv_base + keys, mask=ok, other=0)
+            row = KV + cur_slot.to(gl.int64) * HEAD_DIM
+            mbarrier.wait(empty.index(s), phase ^ 1)
+            async_copy.async_copy_global_to_shared(
+                kmain.index(s), row[:, None] + offs_main[None, :], mask=cur_ok[:, None],
+                eviction_policy="evict_first")
+            async_copy.async_copy_global_to_shared(
+                ktail.index(s), row[:, None] + offs_tail[None, :], mask=cur_ok[:, None],
+                eviction_policy="evict_first")
+            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+
+    @gluon.jit
+    def _mask_scores(sc, start, kv_end, prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
+                     s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        cols = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        col_ok = cols < kv_end
+        u = cols - prefix_len
+        is_draft = (u >= 0) & col_ok
+        if CAUSAL:
+            draft_ok = u[None, :] <= t_idx[:, None]
+        else:
+            bits = gl.load(TREE_MASK + mask_offset + t_idx[:, None] * num_draft + u[None, :],
+                           mask=row_ok[:, None] & is_draft[None, :], other=0)
+            draft_ok = bits != 0
+        visible = col_ok[None, :] & ((u[None, :] < 0) | draft_ok)
+        return gl.where(visible, sc, float("-inf"))
+
+    @gluon.jit
+    def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+                  W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+                  num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+                  q_main, q_tail, kmain, ktail, p_smem, full, empty,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
+                  DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr):
+        """Scores, online softmax and P·V for one work item; writes the output or a split partial."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_N // 2, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, DV // 2, 16])
+        q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+        srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+        orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        w = gl.program_id(0)
+        b = gl.load(W_REQ + w)
+        mblk = gl.load(W_MBLK + w)
+        kv_start = gl.load(W_KV_START + w)
+        kv_end = gl.load(W_KV_END + w)
+        full_end = gl.load(W_FULL_END + w)
+        nsplit = gl.load(W_NSPLIT + w)
+        qo_start = gl.load(QO_INDPTR + b)
+        num_draft = gl.load(QO_INDPTR + b + 1) - qo_start
+        kv_len = gl.load(KV_INDPTR + b + 1) - gl.load(KV_INDPTR + b)
+        prefix_len = kv_len - num_draft
+        mask_offset = gl.load(MASK_OFFSETS + b)
+        num_rows = num_draft * num_heads
+
+        # Q block -> shared memory (rows past the request's packed rows are zero).
+        qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+        q_ok = qr < num_rows
+        q_row = Q + (qo_start + qr // num_heads).to(gl.int64) * stride_qn + (qr % num_heads) * stride_qh
+        offs_main = gl.arange(0, D_MAIN, layout=gl.SliceLayout(0, q_layout))
+        offs_tail = D_MAIN + gl.arange(0, D_TAIL, layout=gl.SliceLayout(0, q_layout))
+        q_main.store(gl.load(q_row[:, None] + offs_main[None, :], mask=q_ok[:, None], other=0.0))
+        q_tail.store(gl.load(q_row[:, None] + offs_tail[None, :], mask=q_ok[:, None], other=0.0))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=srow)
+        row_ok = rows < num_rows
+        t_idx = rows // num_heads
+
+        acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=srow)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=srow)
+        n_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
+        for i in range(n_tiles):
+            s = i % STAGES
+            phase = (i // STAGES) & 1
+            mbarrier.wait(full.index(s), phase)
+            fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
+            km = kmain.index(s)
+            kt = ktail.index(s)
+            sacc = warpgroup_mma(q_tail, kt.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sacc = warpgroup_mma(q_main, km.permute((1, 0)), sacc, is_async=True)
+            sc = warpgroup_mma_wait(0, deps=[sacc])
+            sc = sc * qk_scale
+            start = kv_start + i * BLOCK_N
+            if start + BLOCK_N > full_end:
+                sc = _mask_scores(sc, start, kv_end, prefix_len, num_draft, t_idx, row_ok, TREE_MASK,
+                                  mask_offset, s_layout, BLOCK_N, CAUSAL)
+            m_new = gl.maximum(m_i, gl.max(sc, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(sc - m_safe[:, None])
+            alpha = gl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
+            acc = acc * gl.convert_layout(alpha, orow)[:, None]
+            acc = warpgroup_mma(p_smem, km, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            gl.thread_barrier()  # every warp is done with this slot and with P
+            mbarrier.arrive(empty.index(s), count=1)
+
+        l_o = gl.convert_layout(l_i, orow)
+        l_safe = gl.where(l_o == 0.0, 1.0, l_o)
+        o_val = acc / l_safe[:, None]
+        o_rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=orow)
+        o_ok = o_rows < num_rows
+        offs_dv = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+        if nsplit == 1:
+            o_ptr = OUT + (qo_start + o_rows // num_heads).to(gl.int64) * stride_on + (o_rows % num_heads) * stride_oh
+            gl.store(o_ptr[:, None] + offs_dv[None, :], o_val.to(OUT.dtype.element_ty), mask=o_ok[:, None])
+        else:
+            p_row = w.to(gl.int64) * BLOCK_M + gl.arange(0, BLOCK_M, layout=orow)
+            gl.store(PARTIAL_O + p_row[:, None] * DV + offs_dv[None, :], o_val)
+            lse = gl.where(l_i == 0.0, float("-inf"), m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i)))
+            gl.store(PARTIAL_LSE + w.to(gl.int64) * BLOCK_M + gl.arange(0, BLOCK_M, layout=srow), lse)
+
+    @gluon.jit
+    def _mla_verify_hopper_split_kernel(
+        Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
+        QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+        W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+        num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
+        DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
+    ):
+        """Grid: (num_work,). Q: [N, H, 576] bf16; KV: [slots, 576] bf16 (contiguous rows);
+        OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2)."""
+        gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
+        HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
+        big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
+        q_tail = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_TAIL], big)
+        kmain = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_MAIN], big)
+        ktail = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_TAIL], big)
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], big)
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(full.index(s), count=PRODUCER_WARPS * 32)
+            mbarrier.init(empty.index(s), count=1)
+        fence_async_shared()
+
+        gl.warp_specialize(
+            [
+                (_consumer, (Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+                             W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+                             num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+                             q_main, q_tail, kmain, ktail, p_smem, full, empty,
+                             BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS)),
+                (_producer, (KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
+                             BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )
+
+
+@triton.jit(do_not_specialize=["num_heads"])
+def _hopper_combine_kernel(
+    OUT, PARTIAL_O, PARTIAL_LSE,
+    QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
+    num_heads, stride_on, stride_oh,
+    DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """Grid: (num_row_blocks, BLOCK_M, cdiv(DV, BLOCK_C)). Merges one packed row's splits by their
+    LSEs into OUT [N, H, DV]. PARTIAL_O: fp32 [num_work, BLOCK_M, DV]; PARTIAL_LSE: fp32 [num_work, BLOCK_M]."""
+    i = tl.program_id(0)
+    r = tl.program_id(1)
+    nsplit = tl.load(MB_NSPLIT + i)
+    b = tl.load(MB_REQ + i)
+    row = tl.load(MB_MBLK + i) * BLOCK_M + r
+    qo_start = tl.load(QO_INDPTR + b)
+    num_draft = tl.load(QO_INDPTR + b + 1) - qo_start
+    w0 = tl.load(MB_WORK_START + i)
+    stride = tl.load(MB_STRIDE + i)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the split kernel's partials are visible past this point
+    if (nsplit > 1) & (row < num_draft * num_heads):
+        offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        offs_s = tl.arange(0, BLOCK_S)
+        m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+        for s0 in range(0, nsplit, BLOCK_S):
+            w = (w0 + (s0 + offs_s) * stride).to(tl.int64)
+            lse = tl.load(PARTIAL_LSE + w * BLOCK_M + r, mask=s0 + offs_s < nsplit, other=float("-inf"))
+            m = tl.maximum(m, lse)
+        m_max = tl.max(m, 0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        den = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, nsplit, BLOCK_S):
+            s_ok = s0 + offs_s < nsplit
+            w = (w0 + (s0 + offs_s) * stride).to(tl.int64)
+            weight = tl.math.exp2(tl.load(PARTIAL_LSE + w * BLOCK_M + r, mask=s_ok, other=float("-inf")) - m_max)
+            part = tl.load(PARTIAL_O + (w * BLOCK_M + r)[:, None] * DV + offs_c[None, :], mask=s_ok[:, None], other=0.0)
+            acc += tl.sum(weight[:, None] * part, 0)
+            den += weight
+        total = tl.sum(den, 0)
+        total = tl.where(total == 0.0, 1.0, total)
+        t_idx = row // num_heads
+        h_idx = row % num_heads
+        o_ptr = OUT + (qo_start + t_idx).to(tl.int64) * stride_on + h_idx * stride_oh + offs_c
+        tl.store(o_ptr, (acc / total).to(OUT.dtype.element_ty))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+SPLIT_CONSTEXPRS = dict(
+    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM, STAGES=STAGES,
+    PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, NUM_WARPS=CONSUMER_WARPS,
+)
+
+
+def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
+              kv_indices: torch.Tensor | None = None) -> bool:
+    """Whether this Hopper kernel serves the call: Gluon available, an sm_90 CUDA device, bf16,
+    576-wide rows (512 latent + 64 rope, V = latent), contiguous KV rows and q's last dim, int32 indices."""
+    if not HAVE_GLUON or q.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    rows = kv_cache.reshape(kv_cache.shape[0], -1) if kv_cache.dim() == 3 else kv_cache
+    return (
+        q.dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16
+        and q.dim() == 3 and q.shape[-1] == HEAD_DIM and v_head_dim == V_HEAD_DIM
+        and rows.dim() == 2 and rows.shape[-1] == HEAD_DIM and rows.stride(-1) == 1 and rows.stride(0) == HEAD_DIM
+        and q.stride(-1) == 1
+        and (kv_indices is None or kv_indices.dtype == torch.int32)
+    )
+
+
+def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int) -> MLAVerifyPlan:
+    """``kernel.plan.plan_work`` with this kernel's tile configuration (see ``tile_config``)."""
+    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms))
+
+
+def allocate_workspace(num_work: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [num_work, 64, 512] and LSEs [num_work, 64] for ``num_work`` work items."""
+    n = max(1, num_work)
+    return (torch.empty((n, BLOCK_M, V_HEAD_DIM), dtype=torch.float32, device=device),
+            torch.empty((n, BLOCK_M), dtype=torch.float32, device=device))
+
+
+def run_split_and_combine(
+    plan: MLAVerifyPlan,
+    plan_tensors: dict[str, torch.Tensor],
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor | None,
+    sm_scale: float,
+    out: torch.Tensor,
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    use_pdl: bool = True,
+) -> None:
+    """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
+    ``tile_config``) and, when a row block has several splits, the combine kernel.
+
+    q: [N, H, 576] bf16; kv: [slots, 576] bf16 rows; kv_indices: int32; tree_mask: bool/uint8
+    [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
+    partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
+    """
+    cfg = plan.config
+    assert cfg.block_m == BLOCK_M and cfg.block_n == BLOCK_N, "plan made for another tile configuration"
+    if plan.num_work == 0:
+        return
+    assert partial_o.numel() >= plan.num_work * BLOCK_M * V_HEAD_DIM and partial_lse.numel() >= plan.num_work * BLOCK_M
+    kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv
+    causal = tree_mask is None
+    mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
+    _mla_verify_hopper_split_kernel[(plan.num_work,)](
+        q, kv, kv_indices, mask_arg, out, partial_o, partial_lse,
+        qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
+        plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
+        plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
+        plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        CAUSAL=causal, num_warps=CONSUMER_WARPS, **SPLIT_CONSTEXPRS,
+    )
+    if plan.needs_combine:
+        grid = (len(plan.mb_req), BLOCK_M, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
+        _hopper_combine_kernel[grid](
+            out, partial_o, partial_lse,
+            qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
+            plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
+            plan.num_heads, out.stride(0), out.stride(1),
+            DV=V_HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
+            num_warps=4, launch_pdl=use_pdl,
+        )
+
+
+def mla_verify_attention_hopper(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One-call form (plans on the host: one sync). Same arguments as ``mla_verify_attention``."""
+    qo = qo_indptr.tolist()
+    kv = kv_indptr.tolist()
+    qo_lens = [b - a for a, b in zip(qo, qo[1:])]
+    kv_lens = [b - a for a, b in zip(kv, kv[1:])]
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    plan = make_plan(qo_lens, kv_lens, q.shape[1], sms)
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1], V_HEAD_DIM), dtype=q.dtype, device=q.device)
+    partial_o, partial_lse = allocate_workspace(plan.num_work, q.device)
+    scale = 1.0 / math.sqrt(HEAD_DIM) if sm_scale is None else float(sm_scale)
+    run_split_and_combine(plan, plan.to_device(q.device), q, kv_cache, qo_indptr, kv_indptr, kv_indices,
+                          tree_mask, scale, out, partial_o, partial_lse)
+    return out
+
+
+def compile_for_sm90(causal: bool = False):
+    """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
+
+    Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _mla_verify_hopper_split_kernel
+    pointers = {"Q": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "TREE_MASK": "*u8", "OUT": "*bf16",
+                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+                "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32", "W_KV_START": "*i32",
+                "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
+    scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
+               "stride_on": "i32", "stride_oh": "i32"}
+    constexprs = dict(SPLIT_CONSTEXPRS, CAUSAL=causal)
+    signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
+    src = GluonASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": CONSUMER_WARPS})
+
+
+def resource_stats(compiled) -> dict:
+    """Registers, spill bytes and shared memory of a kernel compiled by ``compile_for_sm90``,
+    read from ``ptxas -v`` on its PTX (a CPU-side compile carries no driver statistics)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+    maxnreg = [int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", compiled.asm["ptx"])]
+    return {"n_regs": max(regs), "n_spills": sum(spills), "shared_bytes": int(compiled.metadata.shared),
+            "setmaxnreg": sorted(set(maxnreg))}
