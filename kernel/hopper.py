@@ -23,6 +23,7 @@ launched with programmatic dependent launch where available.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -51,8 +52,6 @@ V_HEAD_DIM = 512
 D_MAIN = 512
 D_TAIL = 64
 BLOCK_M = 64
-BLOCK_N = 64
-STAGES = 2
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 CONSUMER_WARPS = 8
@@ -60,9 +59,30 @@ COMBINE_SPLITS = 32
 COMBINE_COLS = 128
 
 
-def tile_config(num_sms: int) -> TileConfig:
-    """The work decomposition this kernel consumes: 64-row blocks, 64-key tiles, ~1 program per SM."""
-    return TileConfig(block_m=BLOCK_M, block_n=BLOCK_N, num_warps=CONSUMER_WARPS, num_stages=STAGES,
+@dataclass(frozen=True)
+class Variant:
+    """Compile-time shape of the split kernel's pipeline.
+
+    block_n: keys per tile; stages: tiles in the shared ring; overlap: software-pipeline the
+    consumer (S of tile i on the tensor cores while P V of tile i-1 is issued and accumulates).
+    """
+
+    block_n: int = 64
+    stages: int = 2
+    overlap: bool = False
+
+    def describe(self) -> str:
+        return f"BN{self.block_n}_S{self.stages}" + ("_ovl" if self.overlap else "")
+
+
+DEFAULT_VARIANT = Variant()
+VARIANTS = (Variant(64, 2, False), Variant(32, 4, False), Variant(32, 4, True))
+
+
+def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
+    """The work decomposition this kernel consumes: 64-row blocks, ``variant.block_n``-key tiles,
+    about one program per SM."""
+    return TileConfig(block_m=BLOCK_M, block_n=variant.block_n, num_warps=CONSUMER_WARPS, num_stages=variant.stages,
                       target_programs=num_sms)
 
 
@@ -124,12 +144,28 @@ if HAVE_GLUON:
         return gl.where(visible, sc, float("-inf"))
 
     @gluon.jit
+    def _softmax_tile(sc, m_i, l_i, start, kv_end, full_end, prefix_len, num_draft, t_idx, row_ok, TREE_MASK,
+                      mask_offset, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Online-softmax step for one score tile (log2 domain): returns P, new max, new sum, rescale."""
+        sc = sc * qk_scale
+        if start + BLOCK_N > full_end:
+            sc = _mask_scores(sc, start, kv_end, prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
+                              s_layout, BLOCK_N, CAUSAL)
+        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
+        p = gl.exp2(sc - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
     def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
                   W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
                   num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
                   q_main, q_tail, kmain, ktail, p_smem, full, empty,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
-                  DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr):
+                  DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr,
+                  OVERLAP: gl.constexpr):
         """Scores, online softmax and P·V for one work item; writes the output or a split partial."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
@@ -173,35 +209,67 @@ if HAVE_GLUON:
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=srow)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=srow)
         n_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
-        for i in range(n_tiles):
-            s = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(full.index(s), phase)
-            fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
-            km = kmain.index(s)
-            kt = ktail.index(s)
-            sacc = warpgroup_mma(q_tail, kt.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            sacc = warpgroup_mma(q_main, km.permute((1, 0)), sacc, is_async=True)
+        if OVERLAP:
+            # Software pipeline: S(i) runs on the tensor cores while P(i-1) V(i-1) is issued,
+            # and softmax(i) runs while P(i-1) V(i-1) accumulates.
+            mbarrier.wait(full.index(0), 0)
+            fence_async_shared()
+            sacc = warpgroup_mma(q_tail, ktail.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sacc = warpgroup_mma(q_main, kmain.index(0).permute((1, 0)), sacc, is_async=True)
             sc = warpgroup_mma_wait(0, deps=[sacc])
-            sc = sc * qk_scale
-            start = kv_start + i * BLOCK_N
-            if start + BLOCK_N > full_end:
-                sc = _mask_scores(sc, start, kv_end, prefix_len, num_draft, t_idx, row_ok, TREE_MASK,
-                                  mask_offset, s_layout, BLOCK_N, CAUSAL)
-            m_new = gl.maximum(m_i, gl.max(sc, 1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(sc - m_safe[:, None])
-            alpha = gl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            p, m_i, l_i, alpha = _softmax_tile(sc, m_i, l_i, kv_start, kv_end, full_end, prefix_len, num_draft,
+                                               t_idx, row_ok, TREE_MASK, mask_offset, qk_scale,
+                                               s_layout, BLOCK_N, CAUSAL)
+            for i in range(1, n_tiles):
+                s = i % STAGES
+                sp = (i - 1) % STAGES
+                mbarrier.wait(full.index(s), (i // STAGES) & 1)
+                fence_async_shared()
+                sacc = warpgroup_mma(q_tail, ktail.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                sacc = warpgroup_mma(q_main, kmain.index(s).permute((1, 0)), sacc, is_async=True)
+                p_smem.store(p.to(gl.bfloat16))
+                fence_async_shared()
+                gl.thread_barrier()  # both warpgroups' halves of P(i-1) are in shared memory
+                acc = acc * gl.convert_layout(alpha, orow)[:, None]
+                acc = warpgroup_mma(p_smem, kmain.index(sp), acc, is_async=True)
+                sc = warpgroup_mma_wait(1, deps=[sacc])  # S(i) was issued first
+                p, m_i, l_i, alpha = _softmax_tile(sc, m_i, l_i, kv_start + i * BLOCK_N, kv_end, full_end,
+                                                   prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
+                                                   qk_scale, s_layout, BLOCK_N, CAUSAL)
+                acc = warpgroup_mma_wait(0, deps=[acc])
+                gl.thread_barrier()  # every warp is done with slot sp and with P(i-1)
+                mbarrier.arrive(empty.index(sp), count=1)
+            sl = (n_tiles - 1) % STAGES
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
-            gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
+            gl.thread_barrier()
             acc = acc * gl.convert_layout(alpha, orow)[:, None]
-            acc = warpgroup_mma(p_smem, km, acc, is_async=True)
+            acc = warpgroup_mma(p_smem, kmain.index(sl), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
-            gl.thread_barrier()  # every warp is done with this slot and with P
-            mbarrier.arrive(empty.index(s), count=1)
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(sl), count=1)
+        else:
+            for i in range(n_tiles):
+                s = i % STAGES
+                phase = (i // STAGES) & 1
+                mbarrier.wait(full.index(s), phase)
+                fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
+                km = kmain.index(s)
+                kt = ktail.index(s)
+                sacc = warpgroup_mma(q_tail, kt.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                sacc = warpgroup_mma(q_main, km.permute((1, 0)), sacc, is_async=True)
+                sc = warpgroup_mma_wait(0, deps=[sacc])
+                p, m_i, l_i, alpha = _softmax_tile(sc, m_i, l_i, kv_start + i * BLOCK_N, kv_end, full_end,
+                                                   prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
+                                                   qk_scale, s_layout, BLOCK_N, CAUSAL)
+                p_smem.store(p.to(gl.bfloat16))
+                fence_async_shared()
+                gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
+                acc = acc * gl.convert_layout(alpha, orow)[:, None]
+                acc = warpgroup_mma(p_smem, km, acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=[acc])
+                gl.thread_barrier()  # every warp is done with this slot and with P
+                mbarrier.arrive(empty.index(s), count=1)
 
         l_o = gl.convert_layout(l_i, orow)
         l_safe = gl.where(l_o == 0.0, 1.0, l_o)
@@ -227,6 +295,7 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
         DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
+        OVERLAP: gl.constexpr,
     ):
         """Grid: (num_work,). Q: [N, H, 576] bf16; KV: [slots, 576] bf16 (contiguous rows);
         OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2)."""
@@ -237,7 +306,8 @@ if HAVE_GLUON:
         q_tail = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_TAIL], big)
         kmain = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_MAIN], big)
         ktail = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_TAIL], big)
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], big)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], p_layout)
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
@@ -251,7 +321,7 @@ if HAVE_GLUON:
                              W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
                              num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
                              q_main, q_tail, kmain, ktail, p_smem, full, empty,
-                             BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS)),
+                             BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS, OVERLAP)),
                 (_producer, (KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
                              BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES)),
             ],
@@ -312,10 +382,10 @@ def _hopper_combine_kernel(
 # Host side
 # ----------------------------------------------------------------------------------------------
 
-SPLIT_CONSTEXPRS = dict(
-    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM, STAGES=STAGES,
-    PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, NUM_WARPS=CONSUMER_WARPS,
-)
+def _split_constexprs(variant: Variant) -> dict:
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
+                STAGES=variant.stages, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                NUM_WARPS=CONSUMER_WARPS, OVERLAP=variant.overlap)
 
 
 def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
@@ -336,9 +406,10 @@ def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_
     )
 
 
-def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int) -> MLAVerifyPlan:
+def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int,
+              variant: Variant = DEFAULT_VARIANT) -> MLAVerifyPlan:
     """``kernel.plan.plan_work`` with this kernel's tile configuration (see ``tile_config``)."""
-    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms))
+    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
 
 
 def allocate_workspace(num_work: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,6 +433,7 @@ def run_split_and_combine(
     partial_o: torch.Tensor,
     partial_lse: torch.Tensor,
     use_pdl: bool = True,
+    variant: Variant = DEFAULT_VARIANT,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
     ``tile_config``) and, when a row block has several splits, the combine kernel.
@@ -371,7 +443,7 @@ def run_split_and_combine(
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
     """
     cfg = plan.config
-    assert cfg.block_m == BLOCK_M and cfg.block_n == BLOCK_N, "plan made for another tile configuration"
+    assert cfg.block_m == BLOCK_M and cfg.block_n == variant.block_n, "plan made for another tile configuration"
     if plan.num_work == 0:
         return
     assert partial_o.numel() >= plan.num_work * BLOCK_M * V_HEAD_DIM and partial_lse.numel() >= plan.num_work * BLOCK_M
@@ -384,7 +456,7 @@ def run_split_and_combine(
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, num_warps=CONSUMER_WARPS, **SPLIT_CONSTEXPRS,
+        CAUSAL=causal, num_warps=CONSUMER_WARPS, **_split_constexprs(variant),
     )
     if plan.needs_combine:
         grid = (len(plan.mb_req), BLOCK_M, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
@@ -424,7 +496,7 @@ def mla_verify_attention_hopper(
     return out
 
 
-def compile_for_sm90(causal: bool = False):
+def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):
     """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
 
     Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
@@ -438,7 +510,7 @@ def compile_for_sm90(causal: bool = False):
                 "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
     scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
                "stride_on": "i32", "stride_oh": "i32"}
-    constexprs = dict(SPLIT_CONSTEXPRS, CAUSAL=causal)
+    constexprs = dict(_split_constexprs(variant), CAUSAL=causal)
     signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
     src = GluonASTSource(fn, signature, constexprs, attrs)
