@@ -33,6 +33,7 @@ try:  # Gluon ships with Triton >= 3.5; keep the module importable without it.
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.language.extra.cuda import gdc_launch_dependents
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -76,7 +77,7 @@ class Variant:
 
 
 DEFAULT_VARIANT = Variant()
-VARIANTS = (Variant(64, 2, False), Variant(32, 4, False), Variant(32, 4, True))
+VARIANTS = (Variant(64, 2, False), Variant(32, 4, False), Variant(32, 4, True), Variant(16, 8, True))
 
 
 def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
@@ -295,11 +296,14 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
         DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
-        OVERLAP: gl.constexpr,
+        OVERLAP: gl.constexpr, EARLY_LAUNCH: gl.constexpr,
     ):
         """Grid: (num_work,). Q: [N, H, 576] bf16; KV: [slots, 576] bf16 (contiguous rows);
         OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2)."""
         gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
+        if EARLY_LAUNCH:
+            # Let the combine kernel's programs launch now; they wait (griddepcontrol.wait) for this grid to finish.
+            gdc_launch_dependents()
         HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
         big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
@@ -456,7 +460,7 @@ def run_split_and_combine(
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, num_warps=CONSUMER_WARPS, **_split_constexprs(variant),
+        CAUSAL=causal, EARLY_LAUNCH=use_pdl and plan.needs_combine, num_warps=CONSUMER_WARPS, **_split_constexprs(variant),
     )
     if plan.needs_combine:
         grid = (len(plan.mb_req), BLOCK_M, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
@@ -496,7 +500,7 @@ def mla_verify_attention_hopper(
     return out
 
 
-def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):
+def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = True):
     """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
 
     Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
@@ -510,7 +514,7 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):
                 "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
     scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
                "stride_on": "i32", "stride_oh": "i32"}
-    constexprs = dict(_split_constexprs(variant), CAUSAL=causal)
+    constexprs = dict(_split_constexprs(variant), CAUSAL=causal, EARLY_LAUNCH=early_launch)
     signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
     src = GluonASTSource(fn, signature, constexprs, attrs)
