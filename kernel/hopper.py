@@ -64,6 +64,7 @@ COMBINE_COLS = 128
 class Variant:
     """Compile-time shape of the split kernel's pipeline.
 
+    keys_as_m: the one-warpgroup keys-as-M consumer for ``block_m`` (16 or 32) packed rows.
     block_n: keys per tile; stages: tiles in the shared ring; overlap: software-pipeline the
     consumer (S of tile i on the tensor cores while P V of tile i-1 is issued and accumulates).
     """
@@ -71,20 +72,28 @@ class Variant:
     block_n: int = 64
     stages: int = 2
     overlap: bool = False
+    keys_as_m: bool = False
+    block_m: int = BLOCK_M
 
     def describe(self) -> str:
-        return f"BN{self.block_n}_S{self.stages}" + ("_ovl" if self.overlap else "")
+        name = f"BN{self.block_n}_S{self.stages}" + ("_ovl" if self.overlap else "")
+        return f"kM{self.block_m}_" + name if self.keys_as_m else name
+
+    @property
+    def num_warps(self) -> int:
+        return 4 if self.keys_as_m else CONSUMER_WARPS
 
 
 DEFAULT_VARIANT = Variant()
-VARIANTS = (Variant(64, 2, False), Variant(32, 4, False), Variant(32, 4, True), Variant(16, 8, True))
+VARIANTS = (Variant(64, 2, False), Variant(32, 4, True), Variant(64, 2, False, True, 16), Variant(32, 4, False),
+            Variant(16, 8, True))
 
 
 def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
     """The work decomposition this kernel consumes: 64-row blocks, ``variant.block_n``-key tiles,
     about one program per SM."""
-    return TileConfig(block_m=BLOCK_M, block_n=variant.block_n, num_warps=CONSUMER_WARPS, num_stages=variant.stages,
-                      target_programs=num_sms)
+    return TileConfig(block_m=variant.block_m, block_n=variant.block_n, num_warps=variant.num_warps,
+                      num_stages=variant.stages, target_programs=num_sms, keys_as_m=variant.keys_as_m)
 
 
 if HAVE_GLUON:
@@ -334,6 +343,157 @@ if HAVE_GLUON:
         )
 
 
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _consumer_keys_as_m(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+                            W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+                            num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+                            q_main, q_tail, kmain, ktail, p_smem, full, empty,
+                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr,
+                            D_TAIL: gl.constexpr, DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                            NUM_WARPS: gl.constexpr):
+        """One warpgroup, keys as the wgmma M: S^T = K Q^T ([keys, rows]), O^T += V^T P^T ([512, rows]).
+        For few packed rows (BLOCK_M <= 32) this does a quarter of the padded tensor work of the
+        64-row tile and keeps Q and P small in shared memory."""
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        ot_layout: gl.constexpr = st_layout
+        q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+        scol: gl.constexpr = gl.SliceLayout(0, st_layout)
+        skey: gl.constexpr = gl.SliceLayout(1, st_layout)
+
+        w = gl.program_id(0)
+        b = gl.load(W_REQ + w)
+        mblk = gl.load(W_MBLK + w)
+        kv_start = gl.load(W_KV_START + w)
+        kv_end = gl.load(W_KV_END + w)
+        full_end = gl.load(W_FULL_END + w)
+        nsplit = gl.load(W_NSPLIT + w)
+        qo_start = gl.load(QO_INDPTR + b)
+        num_draft = gl.load(QO_INDPTR + b + 1) - qo_start
+        kv_len = gl.load(KV_INDPTR + b + 1) - gl.load(KV_INDPTR + b)
+        prefix_len = kv_len - num_draft
+        mask_offset = gl.load(MASK_OFFSETS + b)
+        num_rows = num_draft * num_heads
+
+        qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+        q_ok = qr < num_rows
+        q_row = Q + (qo_start + qr // num_heads).to(gl.int64) * stride_qn + (qr % num_heads) * stride_qh
+        offs_main = gl.arange(0, D_MAIN, layout=gl.SliceLayout(0, q_layout))
+        offs_tail = D_MAIN + gl.arange(0, D_TAIL, layout=gl.SliceLayout(0, q_layout))
+        q_main.store(gl.load(q_row[:, None] + offs_main[None, :], mask=q_ok[:, None], other=0.0))
+        q_tail.store(gl.load(q_row[:, None] + offs_tail[None, :], mask=q_ok[:, None], other=0.0))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=scol)
+        row_ok = rows < num_rows
+        t_idx = rows // num_heads
+
+        acc = gl.zeros([DV, BLOCK_M], gl.float32, layout=ot_layout)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=scol)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=scol)
+        n_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
+        for i in range(n_tiles):
+            s = i % STAGES
+            mbarrier.wait(full.index(s), (i // STAGES) & 1)
+            fence_async_shared()
+            km = kmain.index(s)
+            sacc = warpgroup_mma(ktail.index(s), q_tail.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sacc = warpgroup_mma(km, q_main.permute((1, 0)), sacc, is_async=True)
+            st = warpgroup_mma_wait(0, deps=[sacc])
+            st = st * qk_scale
+            start = kv_start + i * BLOCK_N
+            if start + BLOCK_N > full_end:
+                keys = start + gl.arange(0, BLOCK_N, layout=skey)
+                key_ok = keys < kv_end
+                u = keys - prefix_len
+                is_draft = (u >= 0) & key_ok
+                if CAUSAL:
+                    draft_ok = u[:, None] <= t_idx[None, :]
+                else:
+                    bits = gl.load(TREE_MASK + mask_offset + t_idx[None, :] * num_draft + u[:, None],
+                                   mask=row_ok[None, :] & is_draft[:, None], other=0)
+                    draft_ok = bits != 0
+                visible = key_ok[:, None] & ((u[:, None] < 0) | draft_ok)
+                st = gl.where(visible, st, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(st, 0))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            pt = gl.exp2(st - m_safe[None, :])
+            alpha = gl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + gl.sum(pt, 0)
+            m_i = m_new
+            p_smem.store(pt.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = acc * alpha[None, :]
+            acc = warpgroup_mma(km.permute((1, 0)), p_smem, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+
+        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+        o_val = acc / l_safe[None, :]
+        o_rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=scol)
+        o_ok = o_rows < num_rows
+        offs_dv = gl.arange(0, DV, layout=skey)
+        if nsplit == 1:
+            o_ptr = OUT + (qo_start + o_rows // num_heads).to(gl.int64) * stride_on + (o_rows % num_heads) * stride_oh
+            gl.store(o_ptr[None, :] + offs_dv[:, None], o_val.to(OUT.dtype.element_ty), mask=o_ok[None, :])
+        else:
+            p_row = w.to(gl.int64) * BLOCK_M + gl.arange(0, BLOCK_M, layout=scol)
+            gl.store(PARTIAL_O + p_row[None, :] * DV + offs_dv[:, None], o_val)
+            lse = gl.where(l_i == 0.0, float("-inf"), m_i + gl.log2(l_safe))
+            gl.store(PARTIAL_LSE + p_row, lse)
+
+    @gluon.jit
+    def _mla_verify_hopper_keys_as_m_kernel(
+        Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
+        QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+        W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+        num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
+        DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
+        OVERLAP: gl.constexpr, EARLY_LAUNCH: gl.constexpr,
+    ):
+        """As ``_mla_verify_hopper_split_kernel`` for BLOCK_M <= 32 packed rows, with a one-warpgroup
+        keys-as-M consumer (``_consumer_keys_as_m``); PARTIAL_O: fp32 [num_work, BLOCK_M, 512]."""
+        gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
+        if EARLY_LAUNCH:
+            gdc_launch_dependents()
+        HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
+        big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
+        q_tail = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_TAIL], big)
+        kmain = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_MAIN], big)
+        ktail = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_TAIL], big)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], gl.bfloat16)
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_M], p_layout)
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(full.index(s), count=PRODUCER_WARPS * 32)
+            mbarrier.init(empty.index(s), count=1)
+        fence_async_shared()
+
+        gl.warp_specialize(
+            [
+                (_consumer_keys_as_m, (Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+                                       W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+                                       num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+                                       q_main, q_tail, kmain, ktail, p_smem, full, empty,
+                                       BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS)),
+                (_producer, (KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
+                             BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )
+
+
 @triton.jit(do_not_specialize=["num_heads"])
 def _hopper_combine_kernel(
     OUT, PARTIAL_O, PARTIAL_LSE,
@@ -387,9 +547,13 @@ def _hopper_combine_kernel(
 # ----------------------------------------------------------------------------------------------
 
 def _split_constexprs(variant: Variant) -> dict:
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
+    return dict(BLOCK_M=variant.block_m, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
                 STAGES=variant.stages, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                NUM_WARPS=CONSUMER_WARPS, OVERLAP=variant.overlap)
+                NUM_WARPS=variant.num_warps, OVERLAP=variant.overlap)
+
+
+def _split_kernel(variant: Variant):
+    return _mla_verify_hopper_keys_as_m_kernel if variant.keys_as_m else _mla_verify_hopper_split_kernel
 
 
 def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
@@ -416,11 +580,12 @@ def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: i
     return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
 
 
-def allocate_workspace(num_work: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial outputs [num_work, 64, 512] and LSEs [num_work, 64] for ``num_work`` work items."""
+def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [num_work, block_m, 512] and LSEs [num_work, block_m] for ``num_work``
+    work items (room for every variant when block_m is 64)."""
     n = max(1, num_work)
-    return (torch.empty((n, BLOCK_M, V_HEAD_DIM), dtype=torch.float32, device=device),
-            torch.empty((n, BLOCK_M), dtype=torch.float32, device=device))
+    return (torch.empty((n, block_m, V_HEAD_DIM), dtype=torch.float32, device=device),
+            torch.empty((n, block_m), dtype=torch.float32, device=device))
 
 
 def run_split_and_combine(
@@ -447,29 +612,31 @@ def run_split_and_combine(
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
     """
     cfg = plan.config
-    assert cfg.block_m == BLOCK_M and cfg.block_n == variant.block_n, "plan made for another tile configuration"
+    assert cfg.block_m == variant.block_m and cfg.block_n == variant.block_n, "plan made for another variant"
     if plan.num_work == 0:
         return
-    assert partial_o.numel() >= plan.num_work * BLOCK_M * V_HEAD_DIM and partial_lse.numel() >= plan.num_work * BLOCK_M
+    bm = cfg.block_m
+    assert partial_o.numel() >= plan.num_work * bm * V_HEAD_DIM and partial_lse.numel() >= plan.num_work * bm
     kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
-    _mla_verify_hopper_split_kernel[(plan.num_work,)](
+    _split_kernel(variant)[(plan.num_work,)](
         q, kv, kv_indices, mask_arg, out, partial_o, partial_lse,
         qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, EARLY_LAUNCH=use_pdl and plan.needs_combine, num_warps=CONSUMER_WARPS, **_split_constexprs(variant),
+        CAUSAL=causal, EARLY_LAUNCH=use_pdl and plan.needs_combine, num_warps=variant.num_warps,
+        **_split_constexprs(variant),
     )
     if plan.needs_combine:
-        grid = (len(plan.mb_req), BLOCK_M, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
+        grid = (len(plan.mb_req), bm, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
         _hopper_combine_kernel[grid](
             out, partial_o, partial_lse,
             qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
             plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
             plan.num_heads, out.stride(0), out.stride(1),
-            DV=V_HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
+            DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
             num_warps=4, launch_pdl=use_pdl,
         )
 
@@ -507,7 +674,7 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, e
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _mla_verify_hopper_split_kernel
+    fn = _split_kernel(variant)
     pointers = {"Q": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "TREE_MASK": "*u8", "OUT": "*bf16",
                 "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
                 "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32", "W_KV_START": "*i32",
@@ -518,7 +685,7 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, e
     signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
     src = GluonASTSource(fn, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": CONSUMER_WARPS})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": variant.num_warps})
 
 
 def resource_stats(compiled) -> dict:
