@@ -1,23 +1,31 @@
 """Hopper (sm_90) MLA tree-verify attention written in Gluon, with explicit pipelining.
 
-Same contract, numerics and work decomposition as the Triton path (``kernel.plan``): one
-program per work item (request, 64-row block of packed (draft token, head) rows, KV chunk),
-fp32 partial outputs + log2-sum-exp per split, merged by a combine kernel.
+Same contract, numerics and work decomposition as the Triton path (``kernel.plan``): work
+items over (request, block of packed (draft token, head) rows, key range), fp32 partial
+outputs + log2-sum-exp per split, merged by a combine kernel. Same masking (prefix visible,
+tree mask on the last T_b keys, causal without a mask), ragged batches, no atomics
+(bitwise-identical reruns), output written only at real rows of ``out``.
 
-Split kernel organisation (12 warps, warp-specialized):
+Two split kernels, both warp-specialized around the same producer:
 
 * producer partition (4 warps): gathers 64 KV rows per stage with 16-byte ``cp.async`` into
-  a ``STAGES``-deep ring (the 512-wide latent part and the 64-wide rope part in separate
-  power-of-two shared buffers). The next tile's slot indices are loaded before waiting for a
-  free slot, so no gather waits on a dependent index load. Each producer thread arrives on the
-  slot's "full" mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``).
-* consumer partition (8 warps, two warpgroups): S = Q Kᵀ with ``warpgroup_mma`` where the two
-  warpgroups own different key columns of S (no duplicated Q·Kᵀ), online softmax in fp32,
-  P staged in shared memory, O += P V with each warpgroup owning 256 of the 512 output
-  columns; then releases the slot on its "empty" mbarrier.
+  a 2-deep ring (the 512-wide latent part and the 64-wide rope part in separate power-of-two
+  shared buffers). The next tile's slot indices are loaded before waiting for a free slot, so
+  no gather waits on a dependent index load. Each producer thread arrives on the slot's "full"
+  mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``); the consumer releases
+  the slot on its "empty" mbarrier.
+* ``_mla_verify_hopper_split_kernel`` (64 packed rows per work item, 8-warp consumer = two
+  warpgroups): S = Q Kᵀ with ``warpgroup_mma`` where the warpgroups own different key columns
+  of S (no duplicated Q·Kᵀ), online softmax in fp32, P staged in shared memory, O += P V with
+  each warpgroup owning 256 of the 512 output columns.
+* ``_mla_verify_hopper_keys_as_m_kernel`` (16 packed rows, one-warpgroup consumer): keys are
+  the wgmma M dimension (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ), a quarter of the padded tensor work of the
+  64-row tile; chosen for up to 16 rows (``choose_variant``).
 
-The combine kernel (plain Triton) merges the splits of each packed row by their LSEs and is
-launched with programmatic dependent launch where available.
+Public: ``supported``, ``choose_variant``, ``make_plan``, ``allocate_workspace``,
+``run_split_and_combine``, ``mla_verify_attention_hopper``; ``compile_for_sm90`` and
+``resource_stats`` compile without a GPU and report registers, spills and shared memory.
+Measurements and every variant tried: docs/kernel-hopper-notes.md.
 """
 
 from __future__ import annotations
@@ -84,9 +92,20 @@ class Variant:
         return 4 if self.keys_as_m else CONSUMER_WARPS
 
 
-DEFAULT_VARIANT = Variant()
+DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
+KEYS_AS_M_VARIANT = Variant(64, 2, False, True, 16)  # one warpgroup, keys as M: up to 16 packed rows
 VARIANTS = (Variant(64, 2, False), Variant(32, 4, True), Variant(64, 2, False, True, 16), Variant(32, 4, False),
             Variant(16, 8, True))
+
+
+def choose_variant(max_rows: int) -> Variant:
+    """The variant for a batch whose widest request has ``max_rows`` = max_b T_b * H packed rows.
+
+    Measured on an H200 (docs/kernel-hopper-notes.md): keys-as-M wins by 1.3-1.5x for up to 16
+    rows (H=16 decode) and loses by 1.6-2.4x from 128 rows (each extra 16-row block re-reads the
+    chunk); the 64-key, 2-stage two-warpgroup kernel beat every 32- and 16-key variant everywhere.
+    """
+    return KEYS_AS_M_VARIANT if max_rows <= KEYS_AS_M_VARIANT.block_m else DEFAULT_VARIANT
 
 
 def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
@@ -575,8 +594,14 @@ def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_
 
 
 def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int,
-              variant: Variant = DEFAULT_VARIANT) -> MLAVerifyPlan:
-    """``kernel.plan.plan_work`` with this kernel's tile configuration (see ``tile_config``)."""
+              variant: Variant | None = None) -> MLAVerifyPlan:
+    """``kernel.plan.plan_work`` with the tile configuration of ``variant`` (None: ``choose_variant``).
+
+    The work decomposition is the Triton path's: work items over (request, row block, key
+    range), a combine kernel merging the splits of every row block that has more than one.
+    """
+    if variant is None:
+        variant = choose_variant(max(qo_lens, default=1) * num_heads)
     return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
 
 
@@ -601,8 +626,8 @@ def run_split_and_combine(
     out: torch.Tensor,
     partial_o: torch.Tensor,
     partial_lse: torch.Tensor,
-    use_pdl: bool = True,
-    variant: Variant = DEFAULT_VARIANT,
+    use_pdl: bool = False,
+    variant: Variant | None = None,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
     ``tile_config``) and, when a row block has several splits, the combine kernel.
@@ -610,7 +635,14 @@ def run_split_and_combine(
     q: [N, H, 576] bf16; kv: [slots, 576] bf16 rows; kv_indices: int32; tree_mask: bool/uint8
     [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
+    variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
+    use_pdl: launch the combine with programmatic dependent launch, the split kernel releasing it
+    at its start. Off by default: measured 7-18 µs slower at 64k-128k on an H200 than plain
+    stream order (docs/kernel-hopper-notes.md).
+    Launches only device work (no host sync), so it can be captured in a CUDA graph.
     """
+    if variant is None:
+        variant = choose_variant(max(plan.qo_lens, default=1) * plan.num_heads)
     cfg = plan.config
     assert cfg.block_m == variant.block_m and cfg.block_n == variant.block_n, "plan made for another variant"
     if plan.num_work == 0:
@@ -667,7 +699,7 @@ def mla_verify_attention_hopper(
     return out
 
 
-def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = True):
+def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = False):
     """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
 
     Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
