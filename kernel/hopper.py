@@ -72,7 +72,7 @@ COMBINE_COLS = 128
 class Variant:
     """Compile-time shape of the split kernel's pipeline.
 
-    keys_as_m: the one-warpgroup keys-as-M consumer for ``block_m`` (16 or 32) packed rows.
+    keys_as_m: the one-warpgroup keys-as-M consumer for ``block_m`` packed rows (16 measured).
     block_n: keys per tile; stages: tiles in the shared ring; overlap: software-pipeline the
     consumer (S of tile i on the tensor cores while P V of tile i-1 is issued and accumulates).
     """
@@ -102,14 +102,14 @@ def choose_variant(max_rows: int) -> Variant:
     """The variant for a batch whose widest request has ``max_rows`` = max_b T_b * H packed rows.
 
     Measured on an H200 (docs/kernel-hopper-notes.md): keys-as-M wins by 1.3-1.5x for up to 16
-    rows (H=16 decode) and loses by 1.6-2.4x from 128 rows (each extra 16-row block re-reads the
+    rows (H=16 decode) and loses by 1.15-2.4x from 128 rows (each extra 16-row block re-reads the
     chunk); the 64-key, 2-stage two-warpgroup kernel beat every 32- and 16-key variant everywhere.
     """
     return KEYS_AS_M_VARIANT if max_rows <= KEYS_AS_M_VARIANT.block_m else DEFAULT_VARIANT
 
 
 def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
-    """The work decomposition this kernel consumes: 64-row blocks, ``variant.block_n``-key tiles,
+    """The work decomposition ``variant`` consumes: ``block_m``-row blocks, ``block_n``-key tiles,
     about one program per SM."""
     return TileConfig(block_m=variant.block_m, block_n=variant.block_n, num_warps=variant.num_warps,
                       num_stages=variant.stages, target_programs=num_sms, keys_as_m=variant.keys_as_m)
@@ -650,6 +650,8 @@ def run_split_and_combine(
     bm = cfg.block_m
     assert partial_o.numel() >= plan.num_work * bm * V_HEAD_DIM and partial_lse.numel() >= plan.num_work * bm
     kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv
+    assert kv.stride(0) == HEAD_DIM and kv.stride(1) == 1 and q.stride(2) == 1 and out.stride(2) == 1
+    assert kv_indices.dtype == torch.int32, "the Hopper kernel reads int32 slot indices"
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
     _split_kernel(variant)[(plan.num_work,)](

@@ -1,13 +1,20 @@
 """H200 check of kernel/hopper.py: correctness vs float64, determinism, then timings vs the Triton path.
 
-Run from a directory holding a copy of ``kernel/``: ``python3 check.py`` (stages run in
-subprocesses with timeouts so a hang is reported, not fatal). Logs go to $OUT.
+``OUT=dir python3 tools/hopper_check.py`` (or a copy next to a copy of ``kernel/``). Every
+variant in ``kernel.hopper.VARIANTS`` (or $VARIANTS, comma-separated) is checked on fresh random
+inputs (NaN-poisoned, guarded ``out``; float64 reference; a second call must be bitwise equal),
+then the variants that passed are timed with the Triton path on the same inputs (CUDA-graph
+replay median, read-only 256 MB pass before each replay) and a table is printed last. Each
+stage runs in its own process with a timeout (total $BUDGET_S), so a hang is reported, not fatal.
+Per-stage JSON goes to $OUT.
 """
 import json, math, os, statistics, subprocess, sys, time
 
 OUT = os.environ.get("OUT", ".")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+if not os.path.isdir(os.path.join(HERE, "kernel")):  # run from the repository: tools/hopper_check.py
+    sys.path.insert(0, os.path.dirname(HERE))
 
 
 def log(*a):
