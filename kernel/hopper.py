@@ -628,6 +628,7 @@ def run_split_and_combine(
     partial_lse: torch.Tensor,
     use_pdl: bool = False,
     variant: Variant | None = None,
+    pdl_trigger: bool = True,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
     ``tile_config``) and, when a row block has several splits, the combine kernel.
@@ -638,7 +639,8 @@ def run_split_and_combine(
     variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
     use_pdl: launch the combine with programmatic dependent launch, the split kernel releasing it
     at its start. Off by default: measured 7-18 µs slower at 64k-128k on an H200 than plain
-    stream order (docs/kernel-hopper-notes.md).
+    stream order (docs/kernel-hopper-notes.md). pdl_trigger=False keeps PDL but lets the combine
+    launch only as split programs exit (not measured yet).
     Launches only device work (no host sync), so it can be captured in a CUDA graph.
     """
     if variant is None:
@@ -660,7 +662,7 @@ def run_split_and_combine(
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, EARLY_LAUNCH=use_pdl and plan.needs_combine, num_warps=variant.num_warps,
+        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and plan.needs_combine, num_warps=variant.num_warps,
         **_split_constexprs(variant),
     )
     if plan.needs_combine:

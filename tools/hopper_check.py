@@ -183,6 +183,9 @@ def stage_bench(names):
             r = {"us": bench(f_h, flush), "work": plan.num_work}
             if plan.needs_combine:
                 r["nopdl_us"] = bench(lambda: f_h(False), flush)
+                r["pdl_late_us"] = bench(lambda: hopper.run_split_and_combine(
+                    plan, tens, q, kv, qo, kvp, idx, mask, scale, out, po, pl, use_pdl=True, variant=v,
+                    pdl_trigger=False), flush)
             torch.cuda.synchronize()
             path = f"/tmp/hopper_triton_out_{i}.pt"
             if os.path.exists(path):
