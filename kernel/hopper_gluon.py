@@ -19,7 +19,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.extra.cuda import gdc_launch_dependents
 
 
-
 @gluon.jit
 def _producer(KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
               BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr, HEAD_DIM: gl.constexpr,
