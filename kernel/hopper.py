@@ -1,0 +1,300 @@
+"""Hopper (sm_90) MLA tree-verify attention written in Gluon, with explicit pipelining.
+
+Same contract, numerics and work decomposition as the Triton path (``kernel.plan``): work
+items over (request, block of packed (draft token, head) rows, key range), fp32 partial
+outputs + log2-sum-exp per split, merged by a combine kernel. Same masking (prefix visible,
+tree mask on the last T_b keys, causal without a mask), ragged batches, no atomics
+(bitwise-identical reruns), output written only at real rows of ``out``.
+
+Two split kernels, both warp-specialized around the same producer:
+
+* producer partition (4 warps): gathers 64 KV rows per stage with 16-byte ``cp.async`` into
+  a 2-deep ring (the 512-wide latent part and the 64-wide rope part in separate power-of-two
+  shared buffers). The next tile's slot indices are loaded before waiting for a free slot, so
+  no gather waits on a dependent index load. Each producer thread arrives on the slot's "full"
+  mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``); the consumer releases
+  the slot on its "empty" mbarrier.
+* ``_mla_verify_hopper_split_kernel`` (64 packed rows per work item, 8-warp consumer = two
+  warpgroups): S = Q Kᵀ with ``warpgroup_mma`` where the warpgroups own different key columns
+  of S (no duplicated Q·Kᵀ), online softmax in fp32, P staged in shared memory, O += P V with
+  each warpgroup owning 256 of the 512 output columns.
+* ``_mla_verify_hopper_keys_as_m_kernel`` (16 packed rows, one-warpgroup consumer): keys are
+  the wgmma M dimension (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ), a quarter of the padded tensor work of the
+  64-row tile; chosen for up to 16 rows (``choose_variant``).
+
+This module is the host side: ``supported``, ``choose_variant``, ``make_plan``,
+``allocate_workspace``, ``run_split_and_combine``, ``mla_verify_attention_hopper``;
+``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
+and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``, the split merge in
+``kernel/hopper_combine.py``. Measurements and every variant tried: docs/kernel-hopper-notes.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernel.hopper_combine import _hopper_combine_kernel
+from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, plan_work
+
+try:  # Gluon ships with Triton >= 3.5; keep this module importable without it.
+    from kernel.hopper_gluon import _mla_verify_hopper_keys_as_m_kernel, _mla_verify_hopper_split_kernel
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+LOG2E = 1.4426950408889634
+HEAD_DIM = 576
+V_HEAD_DIM = 512
+D_MAIN = 512
+D_TAIL = 64
+BLOCK_M = 64
+PRODUCER_WARPS = 4
+PRODUCER_REGS = 56
+CONSUMER_WARPS = 8
+COMBINE_SPLITS = 32
+COMBINE_COLS = 128
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Compile-time shape of the split kernel's pipeline.
+
+    keys_as_m: the one-warpgroup keys-as-M consumer for ``block_m`` packed rows (16 measured).
+    block_n: keys per tile; stages: tiles in the shared ring; overlap: software-pipeline the
+    consumer (S of tile i on the tensor cores while P V of tile i-1 is issued and accumulates).
+    """
+
+    block_n: int = 64
+    stages: int = 2
+    overlap: bool = False
+    keys_as_m: bool = False
+    block_m: int = BLOCK_M
+
+    def describe(self) -> str:
+        name = f"BN{self.block_n}_S{self.stages}" + ("_ovl" if self.overlap else "")
+        return f"kM{self.block_m}_" + name if self.keys_as_m else name
+
+    @property
+    def num_warps(self) -> int:
+        return 4 if self.keys_as_m else CONSUMER_WARPS
+
+
+DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
+KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys as M: up to 16 packed rows
+# Every variant measured (docs/kernel-hopper-notes.md), in the order tools/hopper_check.py times them.
+VARIANTS = (
+    DEFAULT_VARIANT,
+    Variant(block_n=32, stages=4, overlap=True),
+    KEYS_AS_M_VARIANT,
+    Variant(block_n=32, stages=4),
+    Variant(block_n=16, stages=8, overlap=True),
+)
+
+
+def choose_variant(max_rows: int) -> Variant:
+    """The variant for a batch whose widest request has ``max_rows`` = max_b T_b * H packed rows.
+
+    Measured on an H200 (docs/kernel-hopper-notes.md): keys-as-M wins by 1.3-1.5x for up to 16
+    rows (H=16 decode) and loses by 1.15-2.4x from 128 rows (each extra 16-row block re-reads the
+    chunk); the 64-key, 2-stage two-warpgroup kernel beat every 32- and 16-key variant everywhere.
+    """
+    return KEYS_AS_M_VARIANT if max_rows <= KEYS_AS_M_VARIANT.block_m else DEFAULT_VARIANT
+
+
+def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
+    """The work decomposition ``variant`` consumes: ``block_m``-row blocks, ``block_n``-key tiles,
+    about one program per SM."""
+    return TileConfig(block_m=variant.block_m, block_n=variant.block_n, num_warps=variant.num_warps,
+                      num_stages=variant.stages, target_programs=num_sms, keys_as_m=variant.keys_as_m)
+
+
+def _split_constexprs(variant: Variant) -> dict:
+    return dict(BLOCK_M=variant.block_m, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
+                STAGES=variant.stages, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                NUM_WARPS=variant.num_warps, OVERLAP=variant.overlap)
+
+
+def _split_kernel(variant: Variant):
+    return _mla_verify_hopper_keys_as_m_kernel if variant.keys_as_m else _mla_verify_hopper_split_kernel
+
+
+def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
+              kv_indices: torch.Tensor | None = None) -> bool:
+    """Whether this Hopper kernel serves the call: Gluon available, an sm_90 CUDA device, bf16,
+    576-wide rows (512 latent + 64 rope, V = latent), contiguous KV rows and q's last dim, int32 indices."""
+    if not HAVE_GLUON or q.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    rows = kv_cache.reshape(kv_cache.shape[0], -1) if kv_cache.dim() == 3 else kv_cache
+    return (
+        q.dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16
+        and q.dim() == 3 and q.shape[-1] == HEAD_DIM and v_head_dim == V_HEAD_DIM
+        and rows.dim() == 2 and rows.shape[-1] == HEAD_DIM and rows.stride(-1) == 1 and rows.stride(0) == HEAD_DIM
+        and q.stride(-1) == 1
+        and (kv_indices is None or kv_indices.dtype == torch.int32)
+    )
+
+
+def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int,
+              variant: Variant | None = None) -> MLAVerifyPlan:
+    """``kernel.plan.plan_work`` with the tile configuration of ``variant`` (None: ``choose_variant``).
+
+    The work decomposition is the Triton path's: work items over (request, row block, key
+    range), a combine kernel merging the splits of every row block that has more than one.
+    """
+    if variant is None:
+        variant = choose_variant(max(qo_lens, default=1) * num_heads)
+    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
+
+
+def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [num_work, block_m, 512] and LSEs [num_work, block_m] for ``num_work``
+    work items (room for every variant when block_m is 64)."""
+    n = max(1, num_work)
+    return (torch.empty((n, block_m, V_HEAD_DIM), dtype=torch.float32, device=device),
+            torch.empty((n, block_m), dtype=torch.float32, device=device))
+
+
+def run_split_and_combine(
+    plan: MLAVerifyPlan,
+    plan_tensors: dict[str, torch.Tensor],
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor | None,
+    sm_scale: float,
+    out: torch.Tensor,
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    use_pdl: bool = False,
+    variant: Variant | None = None,
+    pdl_trigger: bool = True,
+) -> None:
+    """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
+    ``tile_config``) and, when a row block has several splits, the combine kernel.
+
+    q: [N, H, 576] bf16; kv: [slots, 576] bf16 rows; kv_indices: int32; tree_mask: bool/uint8
+    [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
+    partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
+    variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
+    use_pdl: launch the combine with programmatic dependent launch, the split kernel releasing it
+    at its start. Off by default: measured 7-18 µs slower at 64k-128k on an H200 than plain
+    stream order (docs/kernel-hopper-notes.md). pdl_trigger=False keeps PDL but lets the combine
+    launch only as split programs exit (not measured yet).
+    Launches only device work (no host sync), so it can be captured in a CUDA graph.
+    """
+    if variant is None:
+        variant = choose_variant(max(plan.qo_lens, default=1) * plan.num_heads)
+    cfg = plan.config
+    if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, variant.block_n, variant.keys_as_m):
+        raise ValueError(f"Expected a plan made for {variant.describe()}, got one for {cfg.describe()}")
+    if plan.num_work == 0:
+        return
+    bm = cfg.block_m
+    if partial_o.numel() < plan.num_work * bm * V_HEAD_DIM or partial_lse.numel() < plan.num_work * bm:
+        raise ValueError(f"Expected partials for {plan.num_work} work items of {bm} rows, got "
+                         f"{partial_o.numel()} and {partial_lse.numel()} elements")
+    kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv  # [slots, 576]
+    if not supported(q, kv, V_HEAD_DIM, kv_indices) or out.stride(2) != 1:
+        raise ValueError("Expected bf16 q [N, H, 576] and KV rows [slots, 576] with unit last strides, int32 "
+                         "kv_indices, out with a unit last stride, on an sm_90 device (see supported())")
+    causal = tree_mask is None
+    mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
+    _split_kernel(variant)[(plan.num_work,)](
+        q, kv, kv_indices, mask_arg, out, partial_o, partial_lse,
+        qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
+        plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
+        plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
+        plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and plan.needs_combine, num_warps=variant.num_warps,
+        **_split_constexprs(variant),
+    )
+    if plan.needs_combine:
+        grid = (len(plan.mb_req), bm, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
+        _hopper_combine_kernel[grid](
+            out, partial_o, partial_lse,
+            qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
+            plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
+            plan.num_heads, out.stride(0), out.stride(1),
+            DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
+            num_warps=4, launch_pdl=use_pdl,
+        )
+
+
+def mla_verify_attention_hopper(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One-call form (plans on the host: one sync). Same arguments as ``mla_verify_attention``."""
+    qo = qo_indptr.tolist()
+    kv = kv_indptr.tolist()
+    qo_lens = [b - a for a, b in zip(qo, qo[1:])]
+    kv_lens = [b - a for a, b in zip(kv, kv[1:])]
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    plan = make_plan(qo_lens, kv_lens, q.shape[1], sms)
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1], V_HEAD_DIM), dtype=q.dtype, device=q.device)
+    partial_o, partial_lse = allocate_workspace(plan.num_work, q.device)
+    scale = 1.0 / math.sqrt(HEAD_DIM) if sm_scale is None else float(sm_scale)
+    run_split_and_combine(plan, plan.to_device(q.device), q, kv_cache, qo_indptr, kv_indptr, kv_indices,
+                          tree_mask, scale, out, partial_o, partial_lse)
+    return out
+
+
+def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = False):
+    """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
+
+    Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _split_kernel(variant)
+    pointers = {"Q": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "TREE_MASK": "*u8", "OUT": "*bf16",
+                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+                "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32", "W_KV_START": "*i32",
+                "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
+    scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
+               "stride_on": "i32", "stride_oh": "i32"}
+    constexprs = dict(_split_constexprs(variant), CAUSAL=causal, EARLY_LAUNCH=early_launch)
+    signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
+    src = GluonASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": variant.num_warps})
+
+
+def resource_stats(compiled) -> dict:
+    """Registers, spill bytes and shared memory of a kernel compiled by ``compile_for_sm90``,
+    read from ``ptxas -v`` on its PTX (a CPU-side compile carries no driver statistics)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+    maxnreg = [int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", compiled.asm["ptx"])]
+    return {"n_regs": max(regs), "n_spills": sum(spills), "shared_bytes": int(compiled.metadata.shared),
+            "setmaxnreg": sorted(set(maxnreg))}

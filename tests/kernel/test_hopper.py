@@ -1,0 +1,187 @@
+"""The Gluon Hopper kernel (kernel/hopper.py): sm_90 resources on any machine, correctness on an H200.
+
+The resource tests compile for sm_90 without a GPU (Gluon does not run in the interpreter, but it
+compiles on a CPU machine); the ``gpu`` tests need an sm_90 device.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel import hopper
+
+SHARED_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
+
+needs_gluon = pytest.mark.skipif(not hopper.HAVE_GLUON, reason="this Triton has no Gluon (triton.experimental.gluon)")
+ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 (Hopper) GPU")
+
+
+def _ptxas_available() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return bool(get_ptxas(90).path)
+    except Exception:
+        return False
+
+
+REPO = Path(__file__).resolve().parents[2]
+_COMPILE = """
+import json, sys
+from kernel import hopper
+out = []
+for v in (hopper.DEFAULT_VARIANT, hopper.KEYS_AS_M_VARIANT):
+    for causal in (False, True):
+        stats = hopper.resource_stats(hopper.compile_for_sm90(causal, v))
+        out.append(dict(stats, variant=v.describe(), causal=causal))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_stats():
+    """Compile stats of the dispatched variants, in a child process: this suite's conftest turns on
+    Triton's interpreter on CPU machines, and Gluon compiles only outside it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@needs_gluon
+@pytest.mark.skipif(not _ptxas_available(), reason="Triton's bundled ptxas is missing")
+def test_compiles_for_sm90_without_spills(sm90_stats):
+    assert len(sm90_stats) == 4
+    for stats in sm90_stats:
+        assert stats["n_spills"] == 0, stats
+        assert 0 < stats["shared_bytes"] <= SHARED_LIMIT, stats
+
+
+def test_choose_variant_by_rows():
+    assert hopper.choose_variant(16) == hopper.KEYS_AS_M_VARIANT
+    assert hopper.choose_variant(17) == hopper.DEFAULT_VARIANT
+    assert hopper.choose_variant(1024) == hopper.DEFAULT_VARIANT
+
+
+def test_make_plan_uses_the_variant_tiles():
+    plan = hopper.make_plan([1], [10000], 16, 132)
+    assert (plan.config.block_m, plan.config.block_n, plan.config.keys_as_m) == (16, 64, True)
+    plan = hopper.make_plan([8, 1], [10000, 300], 16, 132)
+    assert (plan.config.block_m, plan.config.block_n, plan.config.keys_as_m) == (64, 64, False)
+
+
+def test_supported_rejects_cpu_tensors():
+    q = torch.zeros(1, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(8, 576, dtype=torch.bfloat16)
+    assert not hopper.supported(q, kv)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU correctness (float64 reference, NaN-poisoned output with guard rows, determinism)
+# ----------------------------------------------------------------------------------------------
+
+
+def _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, sm_scale):
+    """float64 oracle written independently of the kernel. masks: list of bool [T_b, T_b] or None (causal)."""
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    outs = []
+    for b in range(len(qo) - 1):
+        qb = q[qo[b] : qo[b + 1]].double()
+        rows = kv[kv_indices[kvp[b] : kvp[b + 1]].long()].double()
+        t, length = qb.shape[0], rows.shape[0]
+        visible = torch.ones(t, length, dtype=torch.bool, device=q.device)
+        visible[:, length - t :] = masks[b] if masks is not None else torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = torch.einsum("thd,ld->thl", qb, rows) * sm_scale
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        outs.append(torch.softmax(scores, dim=-1) @ rows[:, :512])
+    return torch.cat(outs)
+
+
+def _random_tree(t: int, gen: torch.Generator) -> torch.Tensor:
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, t)]
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    for s in range(t):
+        u = s
+        while u >= 0:
+            mask[s, u] = True
+            u = parents[u]
+    return mask
+
+
+def _inputs(draft_lens, kv_lens, num_heads, tree, seed):
+    gen = torch.Generator().manual_seed(seed)
+    n, total = sum(draft_lens), sum(kv_lens)
+    pool = total + 97
+    q = (torch.randn(n, num_heads, 576, generator=gen) * 0.5).to(torch.bfloat16).cuda()
+    kv = torch.randn(pool, 576, generator=gen).to(torch.bfloat16).cuda()
+    kv_indices = torch.randperm(pool, generator=gen)[:total].to(torch.int32).cuda()
+    qo_indptr = torch.tensor([0, *torch.tensor(draft_lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
+    kv_indptr = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
+    masks = [_random_tree(t, gen).cuda() for t in draft_lens] if tree else None
+    flat = torch.cat([m.flatten() for m in masks]) if tree else None
+    return q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat
+
+
+CASES = [
+    ([1], [1], 16, False),
+    ([1], [70000], 16, False),
+    ([8], [4099], 16, True),
+    ([8], [33333], 128, True),
+    ([1, 8, 5], [1, 70001, 777], 16, True),
+    ([8, 1, 3], [65, 12345, 64], 128, False),
+    ([64], [2000], 16, True),
+    ([3], [129], 16, False),
+    ([1, 1, 1], [5, 100000, 3000], 16, False),
+]
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("variant", [None, hopper.DEFAULT_VARIANT], ids=["chosen", "two_warpgroups"])
+@pytest.mark.parametrize("draft_lens,kv_lens,num_heads,tree", CASES)
+def test_matches_float64_reference(draft_lens, kv_lens, num_heads, tree, variant):
+    q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs(draft_lens, kv_lens, num_heads, tree, seed=sum(kv_lens))
+    assert hopper.supported(q, kv, kv_indices=kv_indices)
+    scale = 1.0 / math.sqrt(192)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    plan = hopper.make_plan(draft_lens, kv_lens, num_heads, sms, variant)
+    tensors = plan.to_device(q.device)
+    partial_o, partial_lse = hopper.allocate_workspace(plan.num_work, q.device)
+    n, h = q.shape[0], num_heads
+    guarded = torch.full(((n + 2) * h * 512,), float("nan"), dtype=torch.bfloat16, device=q.device)
+    out = guarded[h * 512 : (n + 1) * h * 512].view(n, h, 512)
+
+    hopper.run_split_and_combine(plan, tensors, q, kv, qo_indptr, kv_indptr, kv_indices, flat, scale, out,
+                                 partial_o, partial_lse, variant=variant)
+    first = out.clone()
+    out.fill_(float("nan"))
+    hopper.run_split_and_combine(plan, tensors, q, kv, qo_indptr, kv_indptr, kv_indices, flat, scale, out,
+                                 partial_o, partial_lse, variant=variant)
+    torch.cuda.synchronize()
+
+    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale)
+    assert not torch.isnan(out).any(), "rows left unwritten"
+    assert torch.isnan(guarded[: h * 512]).all() and torch.isnan(guarded[(n + 1) * h * 512 :]).all(), "wrote outside out"
+    assert torch.equal(first, out), "not deterministic"
+    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_one_call_form():
+    q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs([4, 2], [5000, 700], 16, True, seed=3)
+    out = hopper.mla_verify_attention_hopper(q, kv, qo_indptr, kv_indptr, kv_indices, flat, 1.0 / math.sqrt(192))
+    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, 1.0 / math.sqrt(192))
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
