@@ -27,7 +27,12 @@ from serving.engine.model import DeepseekV3Model
 from serving.engine.timing import synchronize
 from serving.engine.tree import DraftTree, accept_greedy
 
-BF16_RELATIVE_RESOLUTION = 2.0**-8  # half an ulp of bf16, relative
+BF16_MANTISSA_BITS = 7
+
+
+def bf16_resolution(x: torch.Tensor) -> torch.Tensor:
+    """One bf16 ulp at |x| (the spacing of bf16 numbers there): 2^(floor(log2|x|) - 7)."""
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - BF16_MANTISSA_BITS)
 
 
 @dataclass
@@ -35,7 +40,8 @@ class Request:
     """One generation request and its outcome.
 
     output: emitted tokens; error: why it failed (None when it finished); margins: per emitted
-    token, the top-1 minus top-2 logit of the row that chose it (when the engine records them).
+    token, the top-1 minus top-2 logit of the row that chose it, and tie_flags: whether that
+    gap is under one bf16 ulp of the top logit (when the engine records them).
     """
 
     req_id: int
@@ -47,6 +53,7 @@ class Request:
     verify_steps: int = 0
     accepted_drafts: int = 0
     margins: list[float] = field(default_factory=list)
+    tie_flags: list[bool] = field(default_factory=list)
     near_ties: int = 0
 
     @property
@@ -133,9 +140,11 @@ class Engine:
         if rows is not None:
             top = rows[: len(tokens)].topk(2, dim=-1).values
             gaps = (top[:, 0] - top[:, 1]).tolist()
-            tol = (top[:, 0].abs() * BF16_RELATIVE_RESOLUTION).tolist()
+            tol = bf16_resolution(top[:, 0]).tolist()
             req.margins.extend(gaps)
-            req.near_ties += sum(g <= t for g, t in zip(gaps, tol))
+            flags = [g < t for g, t in zip(gaps, tol)]
+            req.tie_flags.extend(flags)
+            req.near_ties += sum(flags)
         if len(req.output) >= req.max_new_tokens or (self.eos_token_id is not None and req.output[-1:] == [self.eos_token_id]):
             self._finish(req)
 
