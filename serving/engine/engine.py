@@ -13,6 +13,7 @@ Decisions:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from serving.engine.timing import synchronize
 from serving.engine.tree import DraftTree, accept_greedy
 
 BF16_MANTISSA_BITS = 7
+_REQUEST_IDS = itertools.count(1)  # unique across engines, which may share one pool
 
 
 def bf16_resolution(x: torch.Tensor) -> torch.Tensor:
@@ -113,14 +115,11 @@ class Engine:
         self.record_margins = record_margins
         self.profile = profile
         self.stats = StepStats()
-        self._next_id = 1
 
     # ---- requests ----------------------------------------------------------------------
 
     def add_request(self, prompt: list[int], max_new_tokens: int) -> Request:
-        req = Request(self._next_id, [int(t) for t in prompt], int(max_new_tokens))
-        self._next_id += 1
-        return req
+        return Request(next(_REQUEST_IDS), [int(t) for t in prompt], int(max_new_tokens))
 
     def _fail(self, req: Request, message: str) -> None:
         req.error = message
@@ -165,7 +164,10 @@ class Engine:
             return self._fail(req, f"Expected a prompt shorter than the pool ({self.pool.allocator.capacity} slots), got {n} tokens")
         t0 = time.perf_counter()
         logits = None
-        for start in range(0, n, self.prefill_chunk):
+        cached = len(self.pool.table.slots(req.req_id)) if req.req_id in self.pool.table else 0
+        if cached >= n:
+            return self._fail(req, f"Expected fewer cached tokens than the prompt's {n}, got {cached}")
+        for start in range(cached, n, self.prefill_chunk):
             end = min(n, start + self.prefill_chunk)
             try:
                 slots = self.pool.alloc(end - start)
@@ -180,8 +182,24 @@ class Engine:
                 progress(end, n)
         synchronize(self.model.device)
         self.stats.prefill_s += time.perf_counter() - t0
-        self.stats.prefill_tokens += n
+        self.stats.prefill_tokens += n - cached
         self._emit(req, [int(logits[0].argmax())], logits if self.record_margins else None)
+
+    def fork_prefix(self, req: Request, source_slots: list[int]) -> None:
+        """Start ``req`` with a copy of rows already cached for its first ``len(source_slots)``
+        prompt tokens (a shared long context); ``prefill`` then computes only the rest.
+
+        Raises PoolExhausted (nothing allocated) when the copy does not fit.
+        """
+        if req.req_id in self.pool.table:
+            raise ValueError(f"Expected a request with no cached rows, got request {req.req_id} with some")
+        if len(source_slots) >= len(req.prompt):
+            raise ValueError(f"Expected a shared prefix shorter than the prompt ({len(req.prompt)}), got {len(source_slots)}")
+        slots = self.pool.alloc(len(source_slots))
+        src = torch.tensor(source_slots, device=self.pool.kv.device)
+        dst = torch.tensor(slots, device=self.pool.kv.device)
+        self.pool.kv[:, dst] = self.pool.kv[:, src]
+        self.pool.table.append(req.req_id, slots)
 
     # ---- decode / verify ---------------------------------------------------------------
 
