@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -108,6 +109,7 @@ def run(
         t0 = time.perf_counter()
         shared = SharedContext(builder, prefix)
         metrics[f"prefill_s_{label(context)}"] = time.perf_counter() - t0
+        print(f"context {context}: prefill {metrics[f'prefill_s_{label(context)}']:.1f} s", file=sys.stderr, flush=True)
         for batch in batch_sizes:
             tag = label(context) + ("" if batch == 1 else f"_b{batch}")
             tps = {}
@@ -133,6 +135,7 @@ def run(
             for backend in ("reference", "kernel"):
                 series.setdefault(f"{backend}, batch {batch}", []).append((context, metrics[f"decode_tps_{backend}_{tag}"]))
             done += 1
+            print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.endswith(tag)}), file=sys.stderr, flush=True)
             if gatekit:
                 gatekit.progress(done, total)
         shared.release()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -132,6 +133,7 @@ def run(
             group["near_ties"] += a.near_ties
         group.update(plain_s=seconds[0], reference_spec_s=seconds[1], kernel_spec_s=seconds[2])
         rows.append(group)
+        print(json.dumps(group), file=sys.stderr, flush=True)
         del pool, builder, shared
         if dev.type == "cuda":
             torch.cuda.empty_cache()
