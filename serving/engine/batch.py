@@ -25,6 +25,7 @@ class ForwardBatch:
     out_slots: int64 [N]; slot each new token's latent row is written to.
     tree_mask: bool [sum_b T_b^2] (verify) or None (causal).
     qo_lens, kv_lens: the same lengths as host lists (no device sync to read them).
+    max_position: the largest position in the batch (host int).
     """
 
     mode: str
@@ -37,6 +38,7 @@ class ForwardBatch:
     tree_mask: torch.Tensor | None
     qo_lens: list[int]
     kv_lens: list[int]
+    max_position: int = 0
 
     @property
     def batch_size(self) -> int:
@@ -95,4 +97,5 @@ def build_batch(
         tree_mask=mask,
         qo_lens=qo_lens,
         kv_lens=kv_lens,
+        max_position=max(max(p) for p in positions),
     )

@@ -157,6 +157,7 @@ class DeepseekV3Model:
         """
         cfg = self.cfg
         backend.init_forward_metadata(batch)
+        self.rope.ensure(batch.max_position + 1)
         x = self.w["model.embed_tokens.weight"][batch.input_ids]
         for i in range(num_layers or cfg.num_hidden_layers):
             p = f"model.layers.{i}."

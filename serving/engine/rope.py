@@ -79,9 +79,13 @@ class RotaryEmbedding:
         self._cos = freqs.cos() * self.attention_factor
         self._sin = freqs.sin() * self.attention_factor
 
+    def ensure(self, length: int) -> None:
+        """Make the tables cover positions ``[0, length)`` (host-side, no device sync)."""
+        if length > self._cos.shape[0]:
+            self._grow(length)
+
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if positions.numel() and int(positions.max()) >= self._cos.shape[0]:
-            self._grow(int(positions.max()) + 1)
+        """Rotate ``x``; positions must be covered by ``ensure`` (the model calls it once per step)."""
         shape = (positions.shape[0],) + (1,) * (x.dim() - 2) + (self.dim // 2,)
         cos = self._cos[positions].view(shape).to(x.dtype)
         sin = self._sin[positions].view(shape).to(x.dtype)
