@@ -61,7 +61,7 @@ def build_batch(
     """Pack per-request host lists into a ForwardBatch (one host-to-device copy per field).
 
     tokens/positions/new_slots: per request, its T_b new tokens; prefix_slots: its cached
-    slots before them; tree_masks: per request bool [T_b, T_b] (verify) or None.
+    slots before them (a host list or an int32 device tensor, e.g. ``SlotTable.device_slots``); tree_masks: per request bool [T_b, T_b] (verify) or None.
     """
     if mode not in MODES:
         raise ValueError(f"Expected mode in {MODES}, got {mode!r}")
@@ -71,14 +71,20 @@ def build_batch(
     for b, (t, p, s) in enumerate(zip(tokens, positions, new_slots)):
         if not len(t) == len(p) == len(s):
             raise ValueError(f"Expected tokens, positions and new slots of one length for request {b}, got {len(t)}, {len(p)}, {len(s)}")
-    kv_lens = [len(p) + len(n) for p, n in zip(prefix_slots, new_slots)]
+    kv_lens = [int(len(p)) + len(n) for p, n in zip(prefix_slots, new_slots)]
     qo_indptr = [0]
     kv_indptr = [0]
     for q, k in zip(qo_lens, kv_lens):
         qo_indptr.append(qo_indptr[-1] + q)
         kv_indptr.append(kv_indptr[-1] + k)
     flat = lambda xs: [x for row in xs for x in row]
-    kv_indices = flat(p + n for p, n in zip(prefix_slots, new_slots))
+    new_dev = torch.tensor(flat(new_slots), dtype=torch.int32).to(device, non_blocking=True)
+    pieces, offset = [], 0
+    for p, n in zip(prefix_slots, new_slots):
+        pieces.append(p.to(device=device, dtype=torch.int32) if isinstance(p, torch.Tensor) else torch.tensor(p, dtype=torch.int32, device=device))
+        pieces.append(new_dev[offset : offset + len(n)])
+        offset += len(n)
+    kv_indices = torch.cat(pieces)
     mask = None
     if mode == "verify":
         if tree_masks is None:
@@ -92,7 +98,7 @@ def build_batch(
         positions=torch.tensor(flat(positions), **i64),
         qo_indptr=torch.tensor(qo_indptr, **i32),
         kv_indptr=torch.tensor(kv_indptr, **i32),
-        kv_indices=torch.tensor(kv_indices, **i32),
+        kv_indices=kv_indices,
         out_slots=torch.tensor(flat(new_slots), **i64),
         tree_mask=mask,
         qo_lens=qo_lens,

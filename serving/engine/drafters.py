@@ -83,7 +83,7 @@ class LayerSkipDrafter:
             roots = scratch[: len(requests)]
             branch_slots = [[scratch[len(requests) + (b * width + w) * (self.depth - 1) + j] for j in range(self.depth - 1)]
                             for b in range(len(requests)) for w in range(width)]
-            prefix = [pool.table.slots(r.req_id) for r in requests]
+            prefix = [pool.table.device_slots(r.req_id) for r in requests]
             batch = build_batch("decode", [[r.tokens[-1]] for r in requests], [[len(p)] for p in prefix],
                                 prefix, [[s] for s in roots], None, model.device)
             logits = model.forward(batch, pool, engine.backend, num_layers=layers)
@@ -95,7 +95,8 @@ class LayerSkipDrafter:
                     "decode",
                     [[c[-1]] for c in chains],
                     [[len(prefix[o]) + step] for o in owners],
-                    [prefix[o] + [roots[o]] + branch_slots[i][: step - 1] for i, o in enumerate(owners)],
+                    [torch.cat([prefix[o], torch.tensor([roots[o]] + branch_slots[i][: step - 1], dtype=torch.int32).to(model.device)])
+                     for i, o in enumerate(owners)],
                     [[branch_slots[i][step - 1]] for i in range(len(chains))],
                     None,
                     model.device,

@@ -173,7 +173,7 @@ class Engine:
                 slots = self.pool.alloc(end - start)
             except PoolExhausted as exc:
                 return self._fail(req, str(exc))
-            prefix = list(self.pool.table.slots(req.req_id)) if req.req_id in self.pool.table else []
+            prefix = self.pool.table.device_slots(req.req_id) if req.req_id in self.pool.table else []
             self.pool.table.append(req.req_id, slots)
             batch = build_batch("extend", [req.prompt[start:end]], [list(range(start, end))], [prefix], [slots], None, self.model.device)
             rows = torch.tensor([end - start - 1], device=self.model.device) if end == n else torch.empty(0, dtype=torch.long, device=self.model.device)
@@ -196,8 +196,8 @@ class Engine:
         if len(source_slots) >= len(req.prompt):
             raise ValueError(f"Expected a shared prefix shorter than the prompt ({len(req.prompt)}), got {len(source_slots)}")
         slots = self.pool.alloc(len(source_slots))
-        src = torch.tensor(source_slots, device=self.pool.kv.device)
-        dst = torch.tensor(slots, device=self.pool.kv.device)
+        src = torch.tensor(source_slots).to(self.pool.kv.device)
+        dst = torch.tensor(slots).to(self.pool.kv.device)
         self.pool.kv[:, dst] = self.pool.kv[:, src]
         self.pool.table.append(req.req_id, slots)
 
@@ -228,10 +228,10 @@ class Engine:
         mode = "verify" if any(len(t) for _, t, _ in entries) else "decode"
         tokens, positions, prefix, new, masks = [], [], [], [], []
         for req, tree, slots in entries:
-            base = len(self.pool.table.slots(req.req_id))
+            base = self.pool.table.length(req.req_id)
             tokens.append([req.tokens[-1]] + tree.tokens)
             positions.append([base] + [base + d for d in tree.depths()])
-            prefix.append(self.pool.table.slots(req.req_id))
+            prefix.append(self.pool.table.device_slots(req.req_id))
             new.append(slots)
             masks.append(tree.verify_mask())
         batch = build_batch(mode, tokens, positions, prefix, new, masks if mode == "verify" else None, device)

@@ -62,10 +62,17 @@ class SlotAllocator:
 
 
 class SlotTable:
-    """Request id -> its slots in position order (slot of position p at index p)."""
+    """Request id -> its slots in position order (slot of position p at index p).
 
-    def __init__(self) -> None:
+    Kept twice: a host list (lengths, freeing) and a device int32 row per request
+    (``device_slots``), grown by doubling, so a step's ``kv_indices`` is a device concatenation
+    instead of a host list of every cached token.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
         self._slots: dict[int, list[int]] = {}
+        self._rows: dict[int, torch.Tensor] = {}
 
     def __contains__(self, req_id: int) -> bool:
         return req_id in self._slots
@@ -73,11 +80,29 @@ class SlotTable:
     def slots(self, req_id: int) -> list[int]:
         return self._slots[req_id]
 
+    def length(self, req_id: int) -> int:
+        return len(self._slots.get(req_id, ()))
+
+    def device_slots(self, req_id: int) -> torch.Tensor:
+        """int32 [L] on the pool's device: the request's slots in position order."""
+        return self._rows[req_id][: len(self._slots[req_id])]
+
     def append(self, req_id: int, slots: list[int]) -> None:
-        self._slots.setdefault(req_id, []).extend(slots)
+        host = self._slots.setdefault(req_id, [])
+        start, end = len(host), len(host) + len(slots)
+        row = self._rows.get(req_id)
+        if row is None or row.numel() < end:
+            grown = torch.empty(max(end, 2 * (0 if row is None else row.numel()), 64), dtype=torch.int32, device=self.device)
+            if row is not None:
+                grown[:start] = row[:start]
+            self._rows[req_id] = row = grown
+        if slots:
+            row[start:end] = torch.tensor(slots, dtype=torch.int32).to(self.device, non_blocking=True)
+        host.extend(slots)
 
     def release(self, req_id: int) -> list[int]:
         """Forget a request; returns its slots (the caller frees them)."""
+        self._rows.pop(req_id, None)
         return self._slots.pop(req_id, [])
 
     def live_slots(self) -> int:
@@ -93,7 +118,7 @@ class KVPool:
     def __init__(self, num_layers: int, num_slots: int, row_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
         self.kv = torch.zeros(num_layers, num_slots, row_dim, dtype=dtype, device=device)
         self.allocator = SlotAllocator(num_slots)
-        self.table = SlotTable()
+        self.table = SlotTable(device)
 
     @property
     def num_slots(self) -> int:
