@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+
+pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 from safetensors.torch import load_file, save_file
 
 from serving.engine import ConfigError, DeepseekV3Model, Engine, KernelBackend, WeightError, make_backend

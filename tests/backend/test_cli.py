@@ -29,3 +29,10 @@ def test_generate_prints_tokens_and_speed_and_speculation_matches_plain():
 def test_text_prompt_without_tokenizer_is_refused():
     out = run_cli("--random-model", "tiny", "--prompt", "hello there")
     assert out.returncode == 2 and "Expected token ids like '1,2,3'" in out.stderr
+
+
+def test_serving_never_imports_transformers():
+    code = ("import sys, serving.engine.cli as c; c.main(['generate', '--random-model', 'tiny', '--prompt', '1,2', "
+            "'--max-new-tokens', '2', '--speculate', 'tree:2x2']); assert 'transformers' not in sys.modules, 'imported'")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
+
 from serving.engine import DeepseekV3Model, Engine, make_backend
 from serving.engine.batch import build_batch
 from tests.backend.hf_models import hf_greedy, load_hf, save_tiny
