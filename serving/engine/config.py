@@ -127,6 +127,8 @@ class ModelConfig:
             raise ConfigError(f"Expected scoring_func 'sigmoid', got {raw['scoring_func']!r}")
         if raw.get("topk_method", "noaux_tc") != "noaux_tc":
             raise ConfigError(f"Expected topk_method 'noaux_tc', got {raw['topk_method']!r}")
+        if raw.get("moe_layer_freq", 1) != 1:
+            raise ConfigError(f"Expected moe_layer_freq 1 (every layer from first_k_dense_replace on is MoE), got {raw['moe_layer_freq']}")
         if raw.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"Expected hidden_act 'silu', got {raw['hidden_act']!r}")
         heads = raw.get("num_attention_heads")

@@ -48,6 +48,8 @@ def edit_config(folder, tmp_path, **changes):
         (dict(num_key_value_heads=1), r"num_key_value_heads == num_attention_heads"),
         (dict(kv_lora_rank=None), r"got none for \['kv_lora_rank'\]"),
         (dict(n_group=3), r"n_routed_experts divisible by n_group=3"),
+        (dict(moe_layer_freq=2), r"moe_layer_freq 1 .*got 2"),
+        (dict(hidden_act="gelu"), r"hidden_act 'silu', got 'gelu'"),
     ],
 )
 def test_bad_configs_name_the_key(folder, tmp_path, changes, message):
@@ -143,3 +145,11 @@ def test_kernel_backend_refuses_a_float32_pool():
         KernelBackend(model.new_pool(8), 2, 32, model.sm_scale)
     with pytest.raises(ValueError, match="backend in"):
         make_backend("flash", model.new_pool(8), 2, 32, 1.0)
+
+
+def test_pool_exhausted_during_prefill_fails_that_request_only():
+    eng = make_engine(21)  # 20 usable slots
+    reqs = eng.generate([[1, 2, 3, 4, 5, 6, 7, 8], list(range(10, 23))], 3)
+    assert reqs[0].error is None and len(reqs[0].output) == 3
+    assert reqs[1].error == "pool exhausted: asked 13, free 12" and reqs[1].output == []
+    assert eng.pool.allocator.num_free == 20 and eng.pool.leaked_slots() == 0
