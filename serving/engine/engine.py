@@ -65,7 +65,8 @@ class Request:
 
 @dataclass
 class StepStats:
-    """Totals over the steps after prefill."""
+    """Totals over the steps after prefill; attention_s counts every attention call of a step
+    (the drafter's included) when the engine profiles."""
 
     steps: int = 0
     step_s: float = 0.0
@@ -214,7 +215,6 @@ class Engine:
         synchronize(device)
         t0 = time.perf_counter()
         trees = self.drafter.propose(self, live) if self.drafter is not None else [DraftTree() for _ in live]
-        self.backend.timer.reset()  # attention share: the target's step only
         entries = []
         for req, tree in zip(live, trees):
             try:

@@ -30,10 +30,8 @@ from serving.engine.weights import load_weights
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+    """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, then scale."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class DeepseekV3Model:
@@ -86,7 +84,7 @@ class DeepseekV3Model:
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
 
-    def _attention(self, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend) -> torch.Tensor:
+    def _attention(self, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend, rope_tables) -> torch.Tensor:
         cfg, p = self.cfg, f"model.layers.{i}.self_attn."
         n, heads, nope, rope_dim, r = x.shape[0], cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         if cfg.q_lora_rank is None:
@@ -95,10 +93,10 @@ class DeepseekV3Model:
             q = self._linear(x, p + "q_a_proj")
             q = self._linear(rms_norm(q, self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
         q = q.view(n, heads, nope + rope_dim)
-        q_nope, q_rope = q[..., :nope], self.rope.apply(q[..., nope:], batch.positions)
+        q_nope, q_rope = q[..., :nope], self.rope.apply(q[..., nope:], batch.positions, rope_tables)
         latent = self._linear(x, p + "kv_a_proj_with_mqa")
         c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
-        k_rope = self.rope.apply(latent[:, None, r:], batch.positions)[:, 0]
+        k_rope = self.rope.apply(latent[:, None, r:], batch.positions, rope_tables)[:, 0]
         pool.layer(i)[batch.out_slots] = torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype)
         if batch.mode == "extend":
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
@@ -159,9 +157,10 @@ class DeepseekV3Model:
         backend.init_forward_metadata(batch)
         self.rope.ensure(batch.max_position + 1)
         x = self.w["model.embed_tokens.weight"][batch.input_ids]
+        rope_tables = self.rope.tables(batch.positions, x.dtype)
         for i in range(num_layers or cfg.num_hidden_layers):
             p = f"model.layers.{i}."
-            x = x + self._attention(rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps), i, batch, pool, backend)
+            x = x + self._attention(rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps), i, batch, pool, backend, rope_tables)
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
             x = x + (self._moe(h, i) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
         if logits_rows is not None:

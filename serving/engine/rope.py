@@ -84,11 +84,16 @@ class RotaryEmbedding:
         if length > self._cos.shape[0]:
             self._grow(length)
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x``; positions must be covered by ``ensure`` (the model calls it once per step)."""
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: ``dtype`` [N, rope_dim // 2] for int64 positions [N] (gathered once per step)."""
+        return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Rotate ``x`` [N, ..., rope_dim]; positions must be covered by ``ensure`` (the model calls
+        it once per step); ``tables`` from :meth:`tables` skips the gather."""
+        cos, sin = tables if tables is not None else self.tables(positions, x.dtype)
         shape = (positions.shape[0],) + (1,) * (x.dim() - 2) + (self.dim // 2,)
-        cos = self._cos[positions].view(shape).to(x.dtype)
-        sin = self._sin[positions].view(shape).to(x.dtype)
+        cos, sin = cos.view(shape), sin.view(shape)
         if self.interleave:
             x1, x2 = x[..., 0::2], x[..., 1::2]
         else:
