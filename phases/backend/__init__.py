@@ -1,0 +1,1 @@
+"""Gates of phase ``backend``: ``verify`` (gate ``greedy``) and ``benchmark`` (gate ``decode-speed``)."""

@@ -1,0 +1,166 @@
+"""Gate ``decode-speed``: decode and verify steps of the engine, kernel backend vs reference backend.
+
+For each context length, one long request and a batch of 8 (all starting from copies of one
+prefilled random context) run engine steps through both backends on the same model and pool:
+
+- decode: plain greedy steps (T=1); decode tokens/s = requests / median step time;
+- verify: steps with a fixed random ``width x depth`` draft tree per request (latency);
+- attention's share of a step: the attention calls' CUDA-event time over the step's.
+
+Every step is timed with CUDA events (median of ``steps`` after ``warmup``). The model is
+bf16 (pool too), as served. Metrics are named by context (4096 -> ``4k``, 131072 -> ``128k``,
+185000 -> ``185k``) with ``_b8`` for the batch of 8: ``decode_speedup_128k`` (kernel over
+reference tokens/s, one request) and ``attention_share_128k`` (kernel backend, one request)
+are the ones the plan checks.
+
+Gate: ``call: phases.backend.benchmark:run`` (CUDA).
+Standalone: ``python -m phases.backend.benchmark --args '{"contexts": [4096]}'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from phases.backend.common import DTYPES, SharedContext, make_engine, pick_device
+from serving.engine.random_models import random_model
+from serving.engine.tree import DraftTree
+
+try:
+    from runner import gatekit
+except ImportError:
+    gatekit = None
+
+
+class FixedTreeDrafter:
+    """Drafts a fixed-shape tree (``width`` chains of ``depth``) of seeded random tokens."""
+
+    def __init__(self, width: int, depth: int, vocab: int, seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        paths = [torch.randint(0, vocab, (depth,), generator=gen).tolist() for _ in range(width)]
+        self.tree = DraftTree.from_paths(paths)
+
+    def propose(self, engine, requests):
+        return [self.tree for _ in requests]
+
+
+def label(context: int) -> str:
+    return f"{context // 1024}k" if context % 1024 == 0 else f"{round(context / 1000)}k"
+
+
+def time_steps(engine, requests, warmup: int, steps: int) -> tuple[float, float]:
+    """Median step seconds and median attention share over ``steps`` timed steps."""
+    times, shares = [], []
+    cuda = engine.model.device.type == "cuda"
+    for i in range(warmup + steps):
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        attention_before = engine.stats.attention_s
+        engine.step(requests)
+        if cuda:
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            seconds = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(seconds)
+            shares.append((engine.stats.attention_s - attention_before) / seconds)
+    return statistics.median(times), statistics.median(shares)
+
+
+def run(
+    contexts: list[int] = (4096, 32768, 131072, 185000),
+    batch_sizes: list[int] = (1, 8),
+    preset: str = "gpu-h16",
+    tree: str = "4x4",
+    warmup: int = 3,
+    steps: int = 10,
+    dtype: str = "bf16",
+    prefill_chunk: int = 8192,
+    device: str | None = None,
+    seed: int = 0,
+) -> dict:
+    """Run the benchmark; returns scalar metrics (see the module docstring)."""
+    dev = pick_device(device)
+    model = random_model(preset, dev, DTYPES[dtype], seed)
+    width, depth = (int(x) for x in tree.split("x"))
+    drafter = FixedTreeDrafter(width, depth, model.cfg.vocab_size, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    metrics: dict[str, float] = {}
+    series: dict[str, list] = {}
+    max_batch = max(batch_sizes)
+    total = len(contexts) * len(batch_sizes)
+    done = 0
+    for context in contexts:
+        prefix = torch.randint(0, model.cfg.vocab_size, (context - 1,), generator=gen).tolist()
+        room = warmup + steps
+        slots = context + max_batch * (context + 2 * room * (1 + len(drafter.tree)) + 64) + 1024
+        pool = model.new_pool(slots, DTYPES[dtype])
+        builder = make_engine(model, pool, "reference", None, prefill_chunk=prefill_chunk)
+        t0 = time.perf_counter()
+        shared = SharedContext(builder, prefix)
+        metrics[f"prefill_s_{label(context)}"] = time.perf_counter() - t0
+        print(f"context {context}: prefill {metrics[f'prefill_s_{label(context)}']:.1f} s", file=sys.stderr, flush=True)
+        for batch in batch_sizes:
+            tag = label(context) + ("" if batch == 1 else f"_b{batch}")
+            tps = {}
+            for backend in ("reference", "kernel"):
+                for mode in ("decode", "verify"):
+                    engine = make_engine(model, pool, backend, None, prefill_chunk=prefill_chunk, profile=True)
+                    engine.drafter = drafter if mode == "verify" else None
+                    reqs = [shared.start(engine, [int(torch.randint(0, model.cfg.vocab_size, (1,), generator=gen))], 10**9)
+                            for _ in range(batch)]
+                    for r in reqs:
+                        engine.prefill(r)
+                    step_s, share = time_steps(engine, reqs, warmup, steps)
+                    for r in reqs:
+                        pool.release_request(r.req_id)
+                    if mode == "decode":
+                        tps[backend] = batch / step_s
+                        metrics[f"decode_tps_{backend}_{tag}"] = batch / step_s
+                        metrics[f"decode_step_ms_{backend}_{tag}"] = step_s * 1e3
+                        metrics[f"attention_share_{backend}_{tag}" if backend == "reference" else f"attention_share_{tag}"] = share
+                    else:
+                        metrics[f"verify_step_ms_{backend}_{tag}"] = step_s * 1e3
+            metrics[f"decode_speedup_{tag}"] = tps["kernel"] / tps["reference"]
+            for backend in ("reference", "kernel"):
+                series.setdefault(f"{backend}, batch {batch}", []).append((context, metrics[f"decode_tps_{backend}_{tag}"]))
+            done += 1
+            print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.endswith(tag)}), file=sys.stderr, flush=True)
+            if gatekit:
+                gatekit.progress(done, total)
+        shared.release()
+        metrics["leaked_slots"] = metrics.get("leaked_slots", 0) + pool.allocator.capacity - pool.allocator.num_free
+        del pool, builder, shared
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    if gatekit:
+        gatekit.write_plot(
+            "decode_tps",
+            [gatekit.Series(name, pts, reference=name.startswith("reference")) for name, pts in series.items()],
+            title=f"Decode tokens/s ({preset}, {dtype})",
+            x=gatekit.Axis("context", unit="tokens", scale="log"),
+            y=gatekit.Axis("decode throughput", unit="tokens/s", scale="log"),
+        )
+        lines = [f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())]
+        gatekit.write_artifact("decode_speed.md", "| metric | value |\n|---|---|\n" + "\n".join(lines) + "\n")
+    return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
+    print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
+
+
+if __name__ == "__main__":
+    main()

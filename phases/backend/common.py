@@ -1,0 +1,51 @@
+"""What the backend gates share: building an engine on a random preset, long shared contexts."""
+
+from __future__ import annotations
+
+import torch
+
+from serving.engine.attention import make_backend
+from serving.engine.drafters import parse_speculate
+from serving.engine.engine import Engine, Request
+from serving.engine.kv_pool import KVPool
+from serving.engine.model import DeepseekV3Model
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def pick_device(device: str | None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def make_engine(model: DeepseekV3Model, pool: KVPool, backend: str, speculate: str | None, **kwargs) -> Engine:
+    be = make_backend(backend, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
+    return Engine(model, pool, be, parse_speculate(speculate), **kwargs)
+
+
+class SharedContext:
+    """A long random prefix prefilled once; requests start from a copy of its rows.
+
+    Building a 128k context per request would dominate a gate's time; copying rows is a
+    device memcpy. The prefix's own request holds its slots until ``release``.
+    """
+
+    def __init__(self, engine: Engine, tokens: list[int], progress=None) -> None:
+        self.engine = engine
+        self.tokens = tokens
+        self.holder = engine.add_request(tokens, 2)  # prefill emits one token; the rows stay cached
+        engine.prefill(self.holder, progress)
+        if self.holder.error:
+            raise RuntimeError(f"prefill of the shared context failed: {self.holder.error}")
+
+    @property
+    def slots(self) -> list[int]:
+        return self.engine.pool.table.slots(self.holder.req_id)
+
+    def start(self, engine: Engine, suffix: list[int], max_new_tokens: int) -> Request:
+        """A request whose prompt is the shared prefix + ``suffix``, its prefix rows copied."""
+        req = engine.add_request(self.tokens + suffix, max_new_tokens)
+        engine.fork_prefix(req, self.slots)
+        return req
+
+    def release(self) -> None:
+        self.engine.pool.release_request(self.holder.req_id)

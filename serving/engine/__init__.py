@@ -1,0 +1,21 @@
+"""Phase ``backend``: the serving engine.
+
+Modules: ``config`` (config.json), ``weights`` (safetensors), ``rope``, ``model`` (DeepSeek-V3
+forward), ``kv_pool`` (page_size=1 pool, allocator, slot table), ``batch`` (ForwardBatch),
+``attention`` (kernel and reference backends), ``tree`` / ``drafters`` (tree speculation),
+``engine`` (the generation loop), ``random_models`` (seeded presets), ``cli``.
+"""
+
+from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend, make_backend
+from serving.engine.config import ConfigError, ModelConfig
+from serving.engine.drafters import LayerSkipDrafter, NgramDrafter, parse_speculate
+from serving.engine.engine import Engine, Request
+from serving.engine.kv_pool import KVPool, PoolExhausted
+from serving.engine.model import DeepseekV3Model
+from serving.engine.weights import WeightError
+
+__all__ = [
+    "AttentionBackend", "KernelBackend", "ReferenceBackend", "make_backend", "ConfigError", "ModelConfig",
+    "LayerSkipDrafter", "NgramDrafter", "parse_speculate", "Engine", "Request", "KVPool", "PoolExhausted",
+    "DeepseekV3Model", "WeightError",
+]

@@ -1,0 +1,171 @@
+"""Attention backends, shaped like SGLang's ``AttentionBackend``.
+
+``init_forward_metadata(batch)`` runs once per step for all layers (for the kernel backend:
+one ``MLAVerifyWrapper.plan``, the step's only host sync for attention); then each layer calls
+``forward_extend`` (prefill), ``forward_decode`` (T=1) or ``forward_verify`` (draft tree).
+
+Decode and verify take the absorbed query ``q`` [N, H, kv_lora_rank + qk_rope_head_dim] and
+return the attention output in latent space [N, H, kv_lora_rank]; the layer maps it through
+W_UV. Extend takes the non-absorbed query and returns per-head values [N, H, v_head_dim].
+
+Decisions:
+- Both backends share one prefill implementation (non-absorbed MLA through
+  ``F.scaled_dot_product_attention``), so a comparison between them changes only the decode
+  and verify attention, the part the kernel replaces.
+- The kernel needs bf16/fp16 rows, so the kernel backend refuses a pool of another dtype; q
+  is cast to the pool's dtype and the output back to the model's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernel import MLAVerifyWrapper
+from kernel.reference import mla_verify_reference
+from serving.engine.batch import ForwardBatch
+from serving.engine.kv_pool import KVPool
+from serving.engine.timing import IntervalTimer
+
+PREFILL_QUERY_CHUNK = 4096  # queries per SDPA call in prefill (bounds the score memory)
+
+
+class AttentionBackend:
+    """Base class: the shared prefill path and the per-mode dispatch.
+
+    pool: the KV pool; num_heads: H; sm_scale: the model's softmax scale (yarn mscale included).
+    """
+
+    name = "base"
+
+    def __init__(self, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> None:
+        self.pool = pool
+        self.num_heads = num_heads
+        self.kv_lora_rank = kv_lora_rank
+        self.sm_scale = sm_scale
+        self.device = pool.kv.device
+        self.timer = IntervalTimer(self.device)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Per-step metadata for every layer; the base needs none."""
+
+    def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward_absorbed(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """Decode or verify by ``batch.mode``, timed by ``self.timer`` when it is enabled."""
+        self.timer.start()
+        if batch.mode == "decode":
+            out = self.forward_decode(q, layer, batch)
+        elif batch.mode == "verify":
+            out = self.forward_verify(q, layer, batch)
+        else:
+            raise ValueError(f"Expected a decode or verify batch, got mode {batch.mode!r}")
+        self.timer.stop()
+        return out
+
+    def forward_extend(
+        self, q_nope: torch.Tensor, q_rope: torch.Tensor, layer: int, batch: ForwardBatch, kv_b_proj: torch.Tensor, v_head_dim: int
+    ) -> torch.Tensor:
+        """Causal prefill over each request's cached rows (its new rows already written).
+
+        q_nope: [N, H, nope]; q_rope: [N, H, rope] (roped); kv_b_proj: [H * (nope + v), kv_lora_rank].
+        Returns [N, H, v_head_dim] in q's dtype.
+        """
+        self.timer.start()
+        n, h, nope = q_nope.shape
+        r = self.kv_lora_rank
+        out = torch.empty(n, h, v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
+        rows_all = self.pool.layer(layer)
+        qo, kv = batch.qo_indptr.tolist(), batch.kv_indptr.tolist()
+        for b in range(batch.batch_size):
+            slots = batch.kv_indices[kv[b] : kv[b + 1]].long()
+            rows = rows_all[slots].to(q_nope.dtype)  # [L, r + rope]
+            length = rows.shape[0]
+            kv_full = (rows[:, :r] @ kv_b_proj.T).view(length, h, nope + v_head_dim)
+            k_rope = rows[:, None, r:].expand(length, h, rows.shape[1] - r)
+            k = torch.cat([kv_full[..., :nope], k_rope], dim=-1).transpose(0, 1)  # [H, L, qk]
+            v = kv_full[..., nope:]
+            qk_dim = k.shape[-1]
+            if v_head_dim < qk_dim:  # equal head dims keep the fused SDPA kernels eligible
+                v = F.pad(v, (0, qk_dim - v_head_dim))
+            v = v.transpose(0, 1)  # [H, L, qk]
+            q_all = torch.cat([q_nope[qo[b] : qo[b + 1]], q_rope[qo[b] : qo[b + 1]]], dim=-1).transpose(0, 1)  # [H, T, qk]
+            t_total = q_all.shape[1]
+            for c0 in range(0, t_total, PREFILL_QUERY_CHUNK):
+                c1 = min(t_total, c0 + PREFILL_QUERY_CHUNK)
+                keys = length - t_total + c1  # keys visible to the chunk's last query
+                qpos = torch.arange(length - t_total + c0, length - t_total + c1, device=q_nope.device)
+                mask = torch.arange(keys, device=q_nope.device)[None, :] <= qpos[:, None]  # [Tc, keys]
+                o = F.scaled_dot_product_attention(
+                    q_all[None, :, c0:c1], k[None, :, :keys], v[None, :, :keys], attn_mask=mask, scale=self.sm_scale
+                )[0]
+                out[qo[b] + c0 : qo[b] + c1] = o[..., :v_head_dim].transpose(0, 1)
+        self.timer.stop()
+        return out
+
+
+class ReferenceBackend(AttentionBackend):
+    """Decode and verify through ``kernel.reference`` (float32 gather / matmul / softmax)."""
+
+    name = "reference"
+
+    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch, tree_mask) -> torch.Tensor:
+        return mla_verify_reference(
+            q.to(self.pool.dtype) if self.pool.dtype != torch.float32 else q,
+            self.pool.layer(layer), batch.qo_indptr, batch.kv_indptr, batch.kv_indices, tree_mask,
+            self.sm_scale, v_head_dim=self.kv_lora_rank, compute_dtype=torch.float32,
+            out_dtype=self.pool.dtype,
+        ).to(q.dtype)
+
+    def forward_decode(self, q, layer, batch):
+        return self._attend(q, layer, batch, None)
+
+    def forward_verify(self, q, layer, batch):
+        return self._attend(q, layer, batch, batch.tree_mask)
+
+
+class KernelBackend(AttentionBackend):
+    """Decode and verify through the Triton MLA verify kernel: one plan per step, one run per layer."""
+
+    name = "kernel"
+
+    def __init__(self, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> None:
+        super().__init__(pool, num_heads, kv_lora_rank, sm_scale)
+        if pool.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"Expected a bf16 or fp16 KV pool for the kernel backend, got {pool.dtype}")
+        self.wrapper = MLAVerifyWrapper(self.device)
+        self._planned = False
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        self._planned = False
+        if batch.mode in ("decode", "verify"):
+            self.wrapper.plan(
+                batch.qo_indptr, batch.kv_indptr, self.num_heads, head_dim=self.pool.kv.shape[-1],
+                v_head_dim=self.kv_lora_rank, dtype=self.pool.dtype,
+            )
+            self._planned = True
+
+    def _run(self, q, layer, batch, tree_mask):
+        if not self._planned:
+            raise ValueError("Expected init_forward_metadata(batch) before the step's attention, got none")
+        out = self.wrapper.run(q.to(self.pool.dtype).contiguous(), self.pool.layer(layer), batch.kv_indices, tree_mask, self.sm_scale)
+        return out.to(q.dtype)
+
+    def forward_decode(self, q, layer, batch):
+        return self._run(q, layer, batch, None)
+
+    def forward_verify(self, q, layer, batch):
+        return self._run(q, layer, batch, batch.tree_mask)
+
+
+BACKENDS = {"reference": ReferenceBackend, "kernel": KernelBackend}
+
+
+def make_backend(name: str, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> AttentionBackend:
+    if name not in BACKENDS:
+        raise ValueError(f"Expected backend in {sorted(BACKENDS)}, got {name!r}")
+    return BACKENDS[name](pool, num_heads, kv_lora_rank, sm_scale)

@@ -1,0 +1,189 @@
+"""DeepSeek-V3 model configuration read from a Hugging Face ``config.json``.
+
+Decisions:
+- Keys are checked against a list of known keys; an unknown key is an error naming it, so a
+  config meant for another architecture (or a newer DeepSeek feature) fails loudly at load
+  instead of producing wrong tokens.
+- Both rope spellings are accepted: transformers v5's ``rope_parameters`` and the original
+  ``rope_theta`` + ``rope_scaling`` of DeepSeek's own checkpoints.
+- Quantized checkpoints (``quantization_config``) and routing other than sigmoid scores with
+  ``noaux_tc`` top-k are refused with the key named.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+MODEL_TYPES = ("deepseek_v3",)
+
+# Keys that carry no meaning for inference here (training, tokenization, bookkeeping).
+IGNORED_KEYS = frozenset(
+    {
+        "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "use_cache",
+        "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
+        "pretraining_tp", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux",
+        "num_nextn_predict_layers", "auto_map", "ep_size", "moe_layer_freq", "head_dim", "qk_head_dim",
+        "num_key_value_heads", "tie_word_embeddings", "_name_or_path", "return_dict", "output_hidden_states",
+        "output_attentions", "id2label", "label2id", "problem_type", "chunk_size_feed_forward",
+        "is_encoder_decoder", "tokenizer_class", "max_window_layers", "use_sliding_window", "sliding_window",
+    }
+)
+MODEL_KEYS = frozenset(
+    {
+        "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "n_shared_experts", "n_routed_experts", "routed_scaling_factor",
+        "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim",
+        "n_group", "topk_group", "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob",
+        "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+        "rope_parameters", "rope_interleave", "attention_bias", "scoring_func", "topk_method",
+        "quantization_config",
+    }
+)
+ROPE_TYPES = ("default", "yarn")
+
+
+class ConfigError(ValueError):
+    """A config.json the engine cannot serve; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters. rope_type: "default" or "yarn"; yarn fields as in DeepSeek-V3."""
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture hyper-parameters the engine uses (names as in config.json)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    moe_intermediate_size: int = 0
+    n_routed_experts: int | None = None
+    n_shared_experts: int = 0
+    num_experts_per_tok: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    first_k_dense_replace: int = 0
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-6
+    rope_interleave: bool = True
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    rope: RopeConfig = field(default_factory=RopeConfig)
+
+    @property
+    def latent_dim(self) -> int:
+        """Width of one cached row: kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return bool(self.n_routed_experts) and layer >= self.first_k_dense_replace
+
+    @staticmethod
+    def from_dict(raw: dict) -> "ModelConfig":
+        """Validate a parsed config.json; raise ConfigError naming the first bad key."""
+        archs = raw.get("architectures") or []
+        if archs and not any(a in ARCHITECTURES for a in archs):
+            raise ConfigError(f"Expected architectures to include one of {ARCHITECTURES}, got {archs}")
+        model_type = raw.get("model_type")
+        if model_type is not None and model_type not in MODEL_TYPES:
+            raise ConfigError(f"Expected model_type in {MODEL_TYPES}, got {model_type!r}")
+        unknown = sorted(k for k in raw if k not in MODEL_KEYS and k not in IGNORED_KEYS)
+        if unknown:
+            raise ConfigError(f"Expected only known DeepSeek-V3 config keys, got unknown key(s) {unknown}")
+        if raw.get("quantization_config"):
+            method = raw["quantization_config"].get("quant_method", "?")
+            raise ConfigError(f"Expected an unquantized checkpoint, got quantization_config with quant_method={method!r}")
+        if raw.get("scoring_func", "sigmoid") != "sigmoid":
+            raise ConfigError(f"Expected scoring_func 'sigmoid', got {raw['scoring_func']!r}")
+        if raw.get("topk_method", "noaux_tc") != "noaux_tc":
+            raise ConfigError(f"Expected topk_method 'noaux_tc', got {raw['topk_method']!r}")
+        if raw.get("moe_layer_freq", 1) != 1:
+            raise ConfigError(f"Expected moe_layer_freq 1 (every layer from first_k_dense_replace on is MoE), got {raw['moe_layer_freq']}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"Expected hidden_act 'silu', got {raw['hidden_act']!r}")
+        heads = raw.get("num_attention_heads")
+        if raw.get("num_key_value_heads") not in (None, heads):
+            raise ConfigError(f"Expected num_key_value_heads == num_attention_heads ({heads}), got {raw['num_key_value_heads']}")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        missing = [k for k in required if raw.get(k) is None]
+        if missing:
+            raise ConfigError(f"Expected config keys {list(required)}, got none for {missing}")
+        kwargs = {k: raw[k] for k in MODEL_KEYS if k in raw and k not in ("rope_theta", "rope_scaling", "rope_parameters",
+                                                                             "scoring_func", "topk_method", "quantization_config")}
+        kwargs["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
+        kwargs["rope"] = parse_rope(raw)
+        cfg = ModelConfig(**kwargs)
+        if cfg.rope.rope_type != "default" and cfg.qk_rope_head_dim % 2:
+            raise ConfigError(f"Expected an even qk_rope_head_dim, got {cfg.qk_rope_head_dim}")
+        if cfg.n_routed_experts:
+            if cfg.n_routed_experts % cfg.n_group:
+                raise ConfigError(f"Expected n_routed_experts divisible by n_group={cfg.n_group}, got {cfg.n_routed_experts}")
+            if not 0 < cfg.num_experts_per_tok <= cfg.n_routed_experts:
+                raise ConfigError(f"Expected 0 < num_experts_per_tok <= n_routed_experts, got {cfg.num_experts_per_tok}")
+        return cfg
+
+    @staticmethod
+    def from_folder(folder: str | Path) -> "ModelConfig":
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"Expected a Hugging Face model folder with config.json, got {folder} without one")
+        return ModelConfig.from_dict(json.loads(path.read_text()))
+
+
+def parse_rope(raw: dict) -> RopeConfig:
+    """Rope parameters from ``rope_parameters`` (transformers v5) or ``rope_theta`` + ``rope_scaling``."""
+    params = dict(raw.get("rope_parameters") or {})
+    key = "rope_parameters"
+    if not params:
+        params = dict(raw.get("rope_scaling") or {})
+        key = "rope_scaling"
+        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(f"Expected {key}.rope_type in {ROPE_TYPES}, got {rope_type!r}")
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return RopeConfig("default", theta)
+    factor = params.get("factor")
+    if factor is None:
+        raise ConfigError(f"Expected {key}.factor for yarn rope, got none")
+    omax = params.get("original_max_position_embeddings")
+    if omax is None:
+        raise ConfigError(f"Expected {key}.original_max_position_embeddings for yarn rope, got none")
+    return RopeConfig(
+        "yarn", theta, float(factor), int(omax),
+        float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1),
+        float(params.get("mscale") or 0.0), float(params.get("mscale_all_dim") or 0.0),
+        params.get("attention_factor"), bool(params.get("truncate", True)),
+    )

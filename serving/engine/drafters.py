@@ -1,0 +1,129 @@
+"""Drafters: propose a draft tree per request for one verify step.
+
+- ``LayerSkipDrafter``: the target's first ``layers`` layers with its embeddings, final norm
+  and head (a smaller model of the same family). It reads the target's own pool rows for
+  those layers, so it needs no cache of its own: only scratch slots for the draft tokens,
+  freed before the verify step.
+- ``NgramDrafter``: prompt lookup; continuations of the latest earlier occurrences of the
+  history's last n-gram.
+
+A tree of ``width x depth`` is ``width`` chains of ``depth`` tokens below the root (merged
+where they share a prefix), at most 63 drafts so root + drafts fit the kernel's T <= 64.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from serving.engine.batch import build_batch
+from serving.engine.kv_pool import PoolExhausted
+from serving.engine.tree import MAX_DRAFT_TOKENS, DraftTree
+
+if TYPE_CHECKING:
+    from serving.engine.engine import Engine, Request
+
+
+class Drafter(Protocol):
+    def propose(self, engine: "Engine", requests: list["Request"]) -> list[DraftTree]: ...
+
+
+def _check_shape(width: int, depth: int) -> None:
+    if width < 1 or depth < 1 or width * depth > MAX_DRAFT_TOKENS:
+        raise ValueError(f"Expected a tree of width x depth with 1 <= width * depth <= {MAX_DRAFT_TOKENS}, got {width}x{depth}")
+
+
+class NgramDrafter:
+    """Prompt-lookup drafts: for n = max_n .. min_n, the latest ``width`` earlier occurrences of
+    the last n tokens, each continued for up to ``depth`` tokens."""
+
+    def __init__(self, width: int = 4, depth: int = 4, max_n: int = 3, min_n: int = 1) -> None:
+        _check_shape(width, depth)
+        self.width, self.depth, self.max_n, self.min_n = width, depth, max_n, min_n
+
+    def paths(self, history: list[int]) -> list[list[int]]:
+        found: list[list[int]] = []
+        for n in range(min(self.max_n, len(history) - 1), self.min_n - 1, -1):
+            suffix = history[-n:]
+            for start in range(len(history) - n - 1, -1, -1):
+                if history[start : start + n] == suffix:
+                    cont = history[start + n : start + n + self.depth]
+                    if cont and cont not in found:
+                        found.append(cont)
+                        if len(found) >= self.width:
+                            return found
+        return found
+
+    def propose(self, engine: "Engine", requests: list["Request"]) -> list[DraftTree]:
+        return [DraftTree.from_paths(self.paths(r.tokens)) for r in requests]
+
+
+class LayerSkipDrafter:
+    """Drafts with the target's first ``layers`` layers: top-``width`` first tokens, each extended
+    greedily to ``depth`` tokens. If the pool cannot hold the scratch rows, drafts nothing."""
+
+    def __init__(self, width: int = 4, depth: int = 4, layers: int = 1) -> None:
+        _check_shape(width, depth)
+        if layers < 1:
+            raise ValueError(f"Expected layers >= 1 for the layer-skip drafter, got {layers}")
+        self.width, self.depth, self.layers = width, depth, layers
+
+    def propose(self, engine: "Engine", requests: list["Request"]) -> list[DraftTree]:
+        pool, model = engine.pool, engine.model
+        layers = min(self.layers, model.num_layers)
+        width = min(self.width, model.cfg.vocab_size)
+        per_request = 1 + width * (self.depth - 1)
+        try:
+            scratch = pool.alloc(per_request * len(requests))
+        except PoolExhausted:
+            return [DraftTree() for _ in requests]
+        try:
+            roots = scratch[: len(requests)]
+            branch_slots = [[scratch[len(requests) + (b * width + w) * (self.depth - 1) + j] for j in range(self.depth - 1)]
+                            for b in range(len(requests)) for w in range(width)]
+            prefix = [pool.table.device_slots(r.req_id) for r in requests]
+            batch = build_batch("decode", [[r.tokens[-1]] for r in requests], [[len(p)] for p in prefix],
+                                prefix, [[s] for s in roots], None, model.device)
+            logits = model.forward(batch, pool, engine.backend, num_layers=layers)
+            first = logits.topk(width, dim=-1).indices.tolist()
+            chains = [[first[b][w]] for b in range(len(requests)) for w in range(width)]
+            for step in range(1, self.depth):
+                owners = [i // width for i in range(len(chains))]
+                batch = build_batch(
+                    "decode",
+                    [[c[-1]] for c in chains],
+                    [[len(prefix[o]) + step] for o in owners],
+                    [torch.cat([prefix[o], torch.tensor([roots[o]] + branch_slots[i][: step - 1], dtype=torch.int32).to(model.device)])
+                     for i, o in enumerate(owners)],
+                    [[branch_slots[i][step - 1]] for i in range(len(chains))],
+                    None,
+                    model.device,
+                )
+                nxt = model.forward(batch, pool, engine.backend, num_layers=layers).argmax(dim=-1).tolist()
+                for c, t in zip(chains, nxt):
+                    c.append(t)
+        finally:
+            pool.free(scratch)
+        return [DraftTree.from_paths(chains[b * width : (b + 1) * width]) for b in range(len(requests))]
+
+
+_SPEC = re.compile(r"^(tree|ngram):(\d+)x(\d+)(?::(\w+)=(\d+))?$")
+
+
+def parse_speculate(spec: str | None) -> Drafter | None:
+    """``tree:WxD[:layers=K]`` (layer-skip drafter) or ``ngram:WxD[:n=N]``; None or "none": no drafter."""
+    if spec in (None, "", "none"):
+        return None
+    m = _SPEC.match(spec)
+    if not m:
+        raise ValueError(f"Expected --speculate tree:WxD[:layers=K] or ngram:WxD[:n=N], got {spec!r}")
+    kind, width, depth, key, value = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5)
+    if kind == "tree":
+        if key not in (None, "layers"):
+            raise ValueError(f"Expected option layers=K for tree speculation, got {key}")
+        return LayerSkipDrafter(width, depth, int(value) if value else 1)
+    if key not in (None, "n"):
+        raise ValueError(f"Expected option n=N for ngram speculation, got {key}")
+    return NgramDrafter(width, depth, int(value) if value else 3)

@@ -1,0 +1,171 @@
+"""DeepSeek-V3 (MLA + dense MLP / MoE) forward over a ForwardBatch and a KV pool.
+
+Math and tensor names follow transformers' ``modeling_deepseek_v3`` (without importing it).
+
+Decisions:
+- Each layer writes its new latent rows ``[kv_a_layernorm(c_kv), rope(k_rope)]`` into the
+  pool first, then attends: extend in the non-absorbed form (per-head K/V expanded through
+  ``kv_b_proj``), decode and verify in the absorbed form (q_nope through W_UK into the latent
+  space, attention over latent rows, output through W_UV).
+- ``num_layers`` runs only the first layers and then the final norm and head: the
+  layer-skip drafter is the target's own first layers (same weights, same pool rows).
+- MoE routing is transformers' ``DeepseekV3TopkRouter`` (sigmoid scores,
+  ``e_score_correction_bias`` for choice only, group-limited top-k, ``norm_topk_prob``,
+  ``routed_scaling_factor``) with float32 router math.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from serving.engine.attention import AttentionBackend
+from serving.engine.batch import ForwardBatch
+from serving.engine.config import ModelConfig
+from serving.engine.kv_pool import KVPool
+from serving.engine.rope import RotaryEmbedding, softmax_scale
+from serving.engine.weights import load_weights
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, then scale."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+class DeepseekV3Model:
+    """Weights by transformers' names; ``forward`` runs a batch and returns float32 logits.
+
+    weights: name -> tensor (as from ``load_weights``), dtype: compute dtype.
+    """
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.rope = RotaryEmbedding(cfg, self.device)
+        self.sm_scale = softmax_scale(cfg)
+        h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+        self.w_uk: list[torch.Tensor] = []  # [H, nope, r] per layer
+        self.w_uv: list[torch.Tensor] = []  # [H, v, r] per layer
+        self.experts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i in range(cfg.num_hidden_layers):
+            kvb = weights[f"model.layers.{i}.self_attn.kv_b_proj.weight"].view(h, nope + v, cfg.kv_lora_rank)
+            self.w_uk.append(kvb[:, :nope].contiguous())
+            self.w_uv.append(kvb[:, nope:].contiguous())
+            if cfg.is_moe_layer(i):
+                m = f"model.layers.{i}.mlp.experts."
+                gate_up = torch.stack([torch.cat([weights[f"{m}{e}.gate_proj.weight"], weights[f"{m}{e}.up_proj.weight"]])
+                                       for e in range(cfg.n_routed_experts)])
+                down = torch.stack([weights[f"{m}{e}.down_proj.weight"] for e in range(cfg.n_routed_experts)])
+                for e in range(cfg.n_routed_experts):
+                    for part in ("gate_proj", "up_proj", "down_proj"):
+                        del weights[f"{m}{e}.{part}.weight"]
+                self.experts[i] = (gate_up, down)
+        self.lm_head = weights["model.embed_tokens.weight"] if cfg.tie_word_embeddings else weights["lm_head.weight"]
+
+    @staticmethod
+    def from_folder(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "DeepseekV3Model":
+        cfg = ModelConfig.from_folder(folder)
+        return DeepseekV3Model(cfg, load_weights(folder, cfg, dtype, torch.device(device)), device, dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.num_hidden_layers
+
+    def new_pool(self, num_slots: int, dtype: torch.dtype | None = None) -> KVPool:
+        """A pool with one row of ``latent_dim`` per slot for every layer."""
+        return KVPool(self.num_layers, num_slots, self.cfg.latent_dim, dtype or self.dtype, self.device)
+
+    # ---- layers -------------------------------------------------------------------------
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+
+    def _attention(self, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend, rope_tables) -> torch.Tensor:
+        cfg, p = self.cfg, f"model.layers.{i}.self_attn."
+        n, heads, nope, rope_dim, r = x.shape[0], cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        if cfg.q_lora_rank is None:
+            q = self._linear(x, p + "q_proj")
+        else:
+            q = self._linear(x, p + "q_a_proj")
+            q = self._linear(rms_norm(q, self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
+        q = q.view(n, heads, nope + rope_dim)
+        q_nope, q_rope = q[..., :nope], self.rope.apply(q[..., nope:], batch.positions, rope_tables)
+        latent = self._linear(x, p + "kv_a_proj_with_mqa")
+        c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
+        k_rope = self.rope.apply(latent[:, None, r:], batch.positions, rope_tables)[:, 0]
+        pool.layer(i)[batch.out_slots] = torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype)
+        if batch.mode == "extend":
+            out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
+        else:
+            q_latent = torch.einsum("nhd,hdr->nhr", q_nope, self.w_uk[i])
+            latent_out = backend.forward_absorbed(torch.cat([q_latent, q_rope], dim=-1), i, batch)  # [N, H, r]
+            out = torch.einsum("nhr,hvr->nhv", latent_out, self.w_uv[i])
+        return self._linear(out.reshape(n, heads * cfg.v_head_dim), p + "o_proj")
+
+    def _mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        return self._linear(F.silu(self._linear(x, prefix + "gate_proj")) * self._linear(x, prefix + "up_proj"), prefix + "down_proj")
+
+    def route(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k experts of each token: (weights fp32 [N, k], indices int64 [N, k])."""
+        cfg, p = self.cfg, f"model.layers.{i}.mlp.gate."
+        scores = F.linear(x.float(), self.w[p + "weight"].float()).sigmoid()
+        choice = scores + self.w[p + "e_score_correction_bias"]
+        e, g = cfg.n_routed_experts, cfg.n_group
+        group_scores = choice.view(-1, g, e // g).topk(min(2, e // g), dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, g, e // g).reshape(-1, e)
+        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+        idx = torch.topk(choice, k=cfg.num_experts_per_tok, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, idx)
+        if cfg.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * cfg.routed_scaling_factor, idx
+
+    def _moe(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        weights, idx = self.route(x, i)
+        gate_up, down = self.experts[i]
+        out = torch.zeros_like(x)
+        for e in torch.unique(idx).tolist():
+            token, slot = torch.where(idx == e)
+            gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        if self.cfg.n_shared_experts:
+            out = out + self._mlp(x, f"model.layers.{i}.mlp.shared_experts.")
+        return out
+
+    def forward(
+        self,
+        batch: ForwardBatch,
+        pool: KVPool,
+        backend: AttentionBackend,
+        logits_rows: torch.Tensor | None = None,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """Run the batch; write its latent rows to ``pool``; return float32 logits.
+
+        logits_rows: int64 [M] rows of the batch to compute logits for (default: all N).
+        num_layers: run only the first ``num_layers`` layers (default: all).
+        Returns float32 [M, vocab_size].
+        """
+        cfg = self.cfg
+        backend.init_forward_metadata(batch)
+        self.rope.ensure(batch.max_position + 1)
+        x = self.w["model.embed_tokens.weight"][batch.input_ids]
+        rope_tables = self.rope.tables(batch.positions, x.dtype)
+        for i in range(num_layers or cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            x = x + self._attention(rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps), i, batch, pool, backend, rope_tables)
+            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+            x = x + (self._moe(h, i) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
+        if logits_rows is not None:
+            x = x[logits_rows]
+        x = rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()

@@ -1,0 +1,82 @@
+"""Seeded random DeepSeek-V3 models, so the engine and its gates run with no download.
+
+Presets: ``tiny`` (CPU and Triton's interpreter: 48-wide latent rows, 2 layers, one MoE
+layer), ``gpu-h16`` and ``gpu-h128`` (576-wide latent rows as in DeepSeek-V3, 16 and 128
+heads, q LoRA, yarn rope).
+
+Decisions:
+- Projections are drawn with unit gain (std 1/sqrt(fan_in)) so attention moves the residual
+  stream, and the head is scaled so logits spread by a few units: a random model with
+  near-flat logits would make greedy decoding a coin toss under any rounding difference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from serving.engine.config import ModelConfig
+from serving.engine.model import DeepseekV3Model
+from serving.engine.weights import expected_shapes
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+        q_lora_rank=None, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, first_k_dense_replace=1, max_position_embeddings=4096,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=256,
+                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+    ),
+    "gpu-h16": dict(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=4, max_position_embeddings=262144,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
+                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+    ),
+    "gpu-h128": dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=4, max_position_embeddings=262144,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
+                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+    ),
+}
+
+LOGIT_SPREAD = 4.0  # std of a random model's logits
+
+
+def preset_config(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"Expected a random-model preset in {sorted(PRESETS)}, got {name!r}")
+    raw = dict(PRESETS[name], architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3")
+    raw.update(overrides)
+    return ModelConfig.from_dict({k: v for k, v in raw.items() if v is not None or k == "q_lora_rank"})
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """float32 CPU tensors for every name of ``expected_shapes(cfg)``."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in expected_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape)
+        elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
+            out[name] = torch.randn(shape, generator=gen) * 0.01
+        elif name == "model.embed_tokens.weight":
+            out[name] = torch.randn(shape, generator=gen)
+        elif name == "lm_head.weight":
+            out[name] = torch.randn(shape, generator=gen) * (LOGIT_SPREAD / math.sqrt(shape[1]))
+        else:
+            out[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
+    return out
+
+
+def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> DeepseekV3Model:
+    """A seeded random model of preset ``name`` (config fields may be overridden)."""
+    cfg = preset_config(name, **overrides)
+    weights = {k: v.to(device=device, dtype=torch.float32 if k.endswith("mlp.gate.weight") or k.endswith("e_score_correction_bias") else dtype)
+               for k, v in random_weights(cfg, seed).items()}
+    return DeepseekV3Model(cfg, weights, device, dtype)

@@ -1,0 +1,44 @@
+"""The backend gates: the greedy gate's CPU profile (kernel under the interpreter), the
+benchmark's plumbing on CPU, and the full gates on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from phases.backend import benchmark, verify
+from serving.engine.engine import Request
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H200 profile)")
+
+
+def test_greedy_gate_cpu_profile_passes():
+    m = verify.run(prompts=2, max_new_tokens=6, contexts=[8, 24], preset="tiny", speculate="tree:2x2", device="cpu")
+    assert m["requests"] == 2 and m["requests_failed"] == 0
+    assert m["mismatched_tokens"] == 0 and m["leaked_slots"] == 0
+    assert m["tokens_compared"] == 12
+    assert m["accepted_length_delta"] <= 0.01
+    assert m["accepted_per_step_kernel"] > 0
+
+
+def test_compare_counts_real_mismatches_and_separates_near_ties():
+    ref = Request(1, [0], 5, output=[1, 2, 3, 4, 5], tie_flags=[False, False, True, False, False])
+    assert verify.compare(ref, Request(2, [0], 5, output=[1, 2, 3, 4, 5])) == (0, 0)
+    assert verify.compare(ref, Request(2, [0], 5, output=[1, 9, 3, 4, 5])) == (4, 0)
+    assert verify.compare(ref, Request(2, [0], 5, output=[1, 2, 9, 9, 9])) == (0, 1)
+    assert verify.compare(ref, Request(2, [0], 5, output=[1, 2, 3])) == (2, 0)
+
+
+def test_decode_speed_plumbing_on_cpu():
+    m = benchmark.run(contexts=[20], batch_sizes=[1], preset="tiny", tree="1x2", warmup=0, steps=1, device="cpu")
+    for key in ("decode_speedup_0k", "attention_share_0k", "verify_step_ms_kernel_0k", "decode_tps_reference_0k"):
+        assert m[key] > 0
+    assert m["leaked_slots"] == 0
+
+
+@gpu
+@needs_cuda
+def test_greedy_gate_small_gpu_profile():
+    m = verify.run(prompts=6, max_new_tokens=32, contexts=[512, 4096], preset="gpu-h16")
+    assert m["requests_failed"] == 0 and m["mismatched_tokens"] == 0 and m["leaked_slots"] == 0
