@@ -38,7 +38,7 @@ import torch
 import triton
 
 from kernel.hopper_combine import _hopper_combine_kernel
-from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, plan_work
+from kernel.plan import HeadDims, MLAVerifyPlan, PlanLayout, TileConfig, plan_work
 
 try:  # Gluon ships with Triton >= 3.5; keep this module importable without it.
     from kernel.hopper_gluon import _mla_verify_hopper_keys_as_m_kernel, _mla_verify_hopper_split_kernel
@@ -123,13 +123,22 @@ def _split_kernel(variant: Variant):
     return _mla_verify_hopper_keys_as_m_kernel if variant.keys_as_m else _mla_verify_hopper_split_kernel
 
 
+def available(device: torch.device | str) -> bool:
+    """Whether this path can run on ``device`` at all: Gluon importable, not Triton's CPU
+    interpreter (Gluon does not run there), a CUDA device of compute capability (9, 0)."""
+    import os
+
+    device = torch.device(device)
+    if not HAVE_GLUON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
               kv_indices: torch.Tensor | None = None) -> bool:
     """Whether this Hopper kernel serves the call: Gluon available, an sm_90 CUDA device, bf16,
     576-wide rows (512 latent + 64 rope, V = latent), contiguous KV rows and q's last dim, int32 indices."""
-    if not HAVE_GLUON or q.device.type != "cuda":
-        return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not available(q.device):
         return False
     rows = kv_cache.reshape(kv_cache.shape[0], -1) if kv_cache.dim() == 3 else kv_cache
     return (
@@ -177,10 +186,15 @@ def run_split_and_combine(
     use_pdl: bool = False,
     variant: Variant | None = None,
     pdl_trigger: bool = True,
+    layout: PlanLayout | None = None,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
     ``tile_config``) and, when a row block has several splits, the combine kernel.
 
+    plan_tensors: ``PlanLayout.views`` of the uploaded plan (``counts``, ``mask_offsets``, ``work_*``,
+    ``mb_*``). layout: the grids' size (None: exactly ``plan``); with a larger layout (CUDA graphs)
+    the grids cover it, the combine always launches, and programs past ``counts`` exit without
+    writing, so a captured launch stays valid for any later plan the layout holds.
     q: [N, H, 576] bf16; kv: [slots, 576] bf16 rows; kv_indices: int32; tree_mask: bool/uint8
     [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
@@ -196,7 +210,9 @@ def run_split_and_combine(
     cfg = plan.config
     if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, variant.block_n, variant.keys_as_m):
         raise ValueError(f"Expected a plan made for {variant.describe()}, got one for {cfg.describe()}")
-    if plan.num_work == 0:
+    fixed_grid = layout is not None
+    layout = layout or PlanLayout.exact(plan)
+    if layout.max_work == 0:
         return
     bm = cfg.block_m
     if partial_o.numel() < plan.num_work * bm * V_HEAD_DIM or partial_lse.numel() < plan.num_work * bm:
@@ -208,20 +224,20 @@ def run_split_and_combine(
                          "kv_indices, out with a unit last stride, on an sm_90 device (see supported())")
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
-    _split_kernel(variant)[(plan.num_work,)](
+    _split_kernel(variant)[(layout.max_work,)](
         q, kv, kv_indices, mask_arg, out, partial_o, partial_lse,
-        qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
+        plan_tensors["counts"], qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and plan.needs_combine, num_warps=variant.num_warps,
+        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and (plan.needs_combine or fixed_grid), num_warps=variant.num_warps,
         **_split_constexprs(variant),
     )
-    if plan.needs_combine:
-        grid = (len(plan.mb_req), bm, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
+    if plan.needs_combine or fixed_grid:
+        grid = (layout.max_row_blocks, bm, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
         _hopper_combine_kernel[grid](
             out, partial_o, partial_lse,
-            qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
+            plan_tensors["counts"], qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
             plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
             plan.num_heads, out.stride(0), out.stride(1),
             DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
@@ -239,20 +255,11 @@ def mla_verify_attention_hopper(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One-call form (plans on the host: one sync). Same arguments as ``mla_verify_attention``."""
-    qo = qo_indptr.tolist()
-    kv = kv_indptr.tolist()
-    qo_lens = [b - a for a, b in zip(qo, qo[1:])]
-    kv_lens = [b - a for a, b in zip(kv, kv[1:])]
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    plan = make_plan(qo_lens, kv_lens, q.shape[1], sms)
-    if out is None:
-        out = torch.empty((q.shape[0], q.shape[1], V_HEAD_DIM), dtype=q.dtype, device=q.device)
-    partial_o, partial_lse = allocate_workspace(plan.num_work, q.device)
-    scale = 1.0 / math.sqrt(HEAD_DIM) if sm_scale is None else float(sm_scale)
-    run_split_and_combine(plan, plan.to_device(q.device), q, kv_cache, qo_indptr, kv_indptr, kv_indices,
-                          tree_mask, scale, out, partial_o, partial_lse)
-    return out
+    """One-call form (plans on the host: one sync): ``mla_verify_attention(..., backend="hopper")``."""
+    from kernel.mla_verify import mla_verify_attention
+
+    return mla_verify_attention(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
+                                V_HEAD_DIM, out, backend="hopper")
 
 
 def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = False):
@@ -264,7 +271,7 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, e
 
     fn = _split_kernel(variant)
     pointers = {"Q": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "TREE_MASK": "*u8", "OUT": "*bf16",
-                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "COUNTS": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
                 "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32", "W_KV_START": "*i32",
                 "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
     scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
