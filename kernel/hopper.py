@@ -113,6 +113,16 @@ def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
                       num_stages=variant.stages, target_programs=num_sms, keys_as_m=variant.keys_as_m)
 
 
+def variant_of(config: TileConfig) -> Variant:
+    """The variant whose ``tile_config`` has ``config``'s tiles (the first in ``VARIANTS``);
+    ValueError for a configuration no variant consumes."""
+    for v in VARIANTS:
+        if (v.block_m, v.block_n, v.keys_as_m, v.stages, v.num_warps) == (
+                config.block_m, config.block_n, config.keys_as_m, config.num_stages, config.num_warps):
+            return v
+    raise ValueError(f"Expected a Hopper tile configuration (hopper.tile_config), got {config.describe()}")
+
+
 def _split_constexprs(variant: Variant) -> dict:
     return dict(BLOCK_M=variant.block_m, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
                 STAGES=variant.stages, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
