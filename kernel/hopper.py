@@ -22,8 +22,8 @@ Two split kernels, both warp-specialized around the same producer:
   the wgmma M dimension (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ), a quarter of the padded tensor work of the
   64-row tile; chosen for up to 16 rows (``choose_variant``).
 
-This module is the host side: ``supported``, ``choose_variant``, ``make_plan``,
-``allocate_workspace``, ``run_split_and_combine``, ``mla_verify_attention_hopper``;
+This module is the host side: ``available``, ``supported``, ``choose_variant``, ``make_plan``,
+``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``, ``mla_verify_attention_hopper``;
 ``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
 and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``, the split merge in
 ``kernel/hopper_combine.py``. Measurements and every variant tried: docs/kernel-hopper-notes.md.
@@ -170,6 +170,13 @@ def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: i
     if variant is None:
         variant = choose_variant(max(qo_lens, default=1) * num_heads)
     return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
+
+
+def plan_tensors(plan: MLAVerifyPlan, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """``plan`` on ``device`` as the named int32 views ``run_split_and_combine`` reads
+    (``PlanLayout.exact(plan).views``: counts, indptrs, mask_offsets, work_*, mb_*)."""
+    layout = PlanLayout.exact(plan)
+    return layout.views(layout.pack(plan).to(device))
 
 
 def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
