@@ -26,7 +26,7 @@ This module is the host side: ``available``, ``supported``, ``choose_variant``, 
 ``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``, ``mla_verify_attention_hopper``;
 ``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
 and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``, the split merge in
-``kernel/hopper_combine.py``. Measurements and every variant tried: docs/kernel-hopper-notes.md.
+``kernel/hopper_combine.py``. Measurements and every variant tried: phases/kernel/NOTES.md, "Hopper path".
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Variant:
 
 DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
 KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys as M: up to 16 packed rows
-# Every variant measured (docs/kernel-hopper-notes.md), in the order tools/hopper_check.py times them.
+# Every variant measured (phases/kernel/NOTES.md), in the order phases/kernel/bench/hopper_check.py times them.
 VARIANTS = (
     DEFAULT_VARIANT,
     Variant(block_n=32, stages=4, overlap=True),
@@ -99,7 +99,7 @@ VARIANTS = (
 def choose_variant(max_rows: int) -> Variant:
     """The variant for a batch whose widest request has ``max_rows`` = max_b T_b * H packed rows.
 
-    Measured on an H200 (docs/kernel-hopper-notes.md): keys-as-M wins by 1.3-1.5x for up to 16
+    Measured on an H200 (phases/kernel/NOTES.md, "Hopper path"): keys-as-M wins by 1.3-1.5x for up to 16
     rows (H=16 decode) and loses by 1.15-2.4x from 128 rows (each extra 16-row block re-reads the
     chunk); the 64-key, 2-stage two-warpgroup kernel beat every 32- and 16-key variant everywhere.
     """
@@ -218,7 +218,7 @@ def run_split_and_combine(
     variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
     use_pdl: launch the combine with programmatic dependent launch, the split kernel releasing it
     at its start. Off by default: measured 7-18 µs slower at 64k-128k on an H200 than plain
-    stream order (docs/kernel-hopper-notes.md). pdl_trigger=False keeps PDL but lets the combine
+    stream order (phases/kernel/NOTES.md). pdl_trigger=False keeps PDL but lets the combine
     launch only as split programs exit (not measured yet).
     Launches only device work (no host sync), so it can be captured in a CUDA graph.
     """
