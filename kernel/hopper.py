@@ -232,7 +232,8 @@ def run_split_and_combine(
     if layout.max_work == 0:
         return
     bm = cfg.block_m
-    if partial_o.numel() < plan.num_work * bm * V_HEAD_DIM or partial_lse.numel() < plan.num_work * bm:
+    if plan.needs_combine and (partial_o.numel() < plan.num_work * bm * V_HEAD_DIM
+                               or partial_lse.numel() < plan.num_work * bm):  # unsplit items write out only
         raise ValueError(f"Expected partials for {plan.num_work} work items of {bm} rows, got "
                          f"{partial_o.numel()} and {partial_lse.numel()} elements")
     kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv  # [slots, 576]
