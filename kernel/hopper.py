@@ -22,11 +22,11 @@ Two split kernels, both warp-specialized around the same producer:
   the wgmma M dimension (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ), a quarter of the padded tensor work of the
   64-row tile; chosen for up to 16 rows (``choose_variant``).
 
-This module is the host side: ``supported``, ``choose_variant``, ``make_plan``,
-``allocate_workspace``, ``run_split_and_combine``, ``mla_verify_attention_hopper``;
+This module is the host side: ``available``, ``supported``, ``choose_variant``, ``make_plan``,
+``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``, ``mla_verify_attention_hopper``;
 ``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
 and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``, the split merge in
-``kernel/hopper_combine.py``. Measurements and every variant tried: docs/kernel-hopper-notes.md.
+``kernel/hopper_combine.py``. Measurements and every variant tried: phases/kernel/NOTES.md, "Hopper path".
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 import triton
 
 from kernel.hopper_combine import _hopper_combine_kernel
-from kernel.plan import HeadDims, MLAVerifyPlan, TileConfig, plan_work
+from kernel.plan import HeadDims, MLAVerifyPlan, PlanLayout, TileConfig, plan_work
 
 try:  # Gluon ships with Triton >= 3.5; keep this module importable without it.
     from kernel.hopper_gluon import _mla_verify_hopper_keys_as_m_kernel, _mla_verify_hopper_split_kernel
@@ -86,7 +86,7 @@ class Variant:
 
 DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
 KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys as M: up to 16 packed rows
-# Every variant measured (docs/kernel-hopper-notes.md), in the order tools/hopper_check.py times them.
+# Every variant measured (phases/kernel/NOTES.md), in the order phases/kernel/bench/hopper_check.py times them.
 VARIANTS = (
     DEFAULT_VARIANT,
     Variant(block_n=32, stages=4, overlap=True),
@@ -99,7 +99,7 @@ VARIANTS = (
 def choose_variant(max_rows: int) -> Variant:
     """The variant for a batch whose widest request has ``max_rows`` = max_b T_b * H packed rows.
 
-    Measured on an H200 (docs/kernel-hopper-notes.md): keys-as-M wins by 1.3-1.5x for up to 16
+    Measured on an H200 (phases/kernel/NOTES.md, "Hopper path"): keys-as-M wins by 1.3-1.5x for up to 16
     rows (H=16 decode) and loses by 1.15-2.4x from 128 rows (each extra 16-row block re-reads the
     chunk); the 64-key, 2-stage two-warpgroup kernel beat every 32- and 16-key variant everywhere.
     """
@@ -113,6 +113,16 @@ def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
                       num_stages=variant.stages, target_programs=num_sms, keys_as_m=variant.keys_as_m)
 
 
+def variant_of(config: TileConfig) -> Variant:
+    """The variant whose ``tile_config`` has ``config``'s tiles (the first in ``VARIANTS``);
+    ValueError for a configuration no variant consumes."""
+    for v in VARIANTS:
+        if (v.block_m, v.block_n, v.keys_as_m, v.stages, v.num_warps) == (
+                config.block_m, config.block_n, config.keys_as_m, config.num_stages, config.num_warps):
+            return v
+    raise ValueError(f"Expected a Hopper tile configuration (hopper.tile_config), got {config.describe()}")
+
+
 def _split_constexprs(variant: Variant) -> dict:
     return dict(BLOCK_M=variant.block_m, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
                 STAGES=variant.stages, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
@@ -123,13 +133,22 @@ def _split_kernel(variant: Variant):
     return _mla_verify_hopper_keys_as_m_kernel if variant.keys_as_m else _mla_verify_hopper_split_kernel
 
 
+def available(device: torch.device | str) -> bool:
+    """Whether this path can run on ``device`` at all: Gluon importable, not Triton's CPU
+    interpreter (Gluon does not run there), a CUDA device of compute capability (9, 0)."""
+    import os
+
+    device = torch.device(device)
+    if not HAVE_GLUON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
               kv_indices: torch.Tensor | None = None) -> bool:
     """Whether this Hopper kernel serves the call: Gluon available, an sm_90 CUDA device, bf16,
     576-wide rows (512 latent + 64 rope, V = latent), contiguous KV rows and q's last dim, int32 indices."""
-    if not HAVE_GLUON or q.device.type != "cuda":
-        return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not available(q.device):
         return False
     rows = kv_cache.reshape(kv_cache.shape[0], -1) if kv_cache.dim() == 3 else kv_cache
     return (
@@ -151,6 +170,13 @@ def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: i
     if variant is None:
         variant = choose_variant(max(qo_lens, default=1) * num_heads)
     return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
+
+
+def plan_tensors(plan: MLAVerifyPlan, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """``plan`` on ``device`` as the named int32 views ``run_split_and_combine`` reads
+    (``PlanLayout.exact(plan).views``: counts, indptrs, mask_offsets, work_*, mb_*)."""
+    layout = PlanLayout.exact(plan)
+    return layout.views(layout.pack(plan).to(device))
 
 
 def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,17 +203,22 @@ def run_split_and_combine(
     use_pdl: bool = False,
     variant: Variant | None = None,
     pdl_trigger: bool = True,
+    layout: PlanLayout | None = None,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
     ``tile_config``) and, when a row block has several splits, the combine kernel.
 
+    plan_tensors: ``PlanLayout.views`` of the uploaded plan (``counts``, ``mask_offsets``, ``work_*``,
+    ``mb_*``). layout: the grids' size (None: exactly ``plan``); with a larger layout (CUDA graphs)
+    the grids cover it, the combine always launches, and programs past ``counts`` exit without
+    writing, so a captured launch stays valid for any later plan the layout holds.
     q: [N, H, 576] bf16; kv: [slots, 576] bf16 rows; kv_indices: int32; tree_mask: bool/uint8
     [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
     variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
     use_pdl: launch the combine with programmatic dependent launch, the split kernel releasing it
     at its start. Off by default: measured 7-18 µs slower at 64k-128k on an H200 than plain
-    stream order (docs/kernel-hopper-notes.md). pdl_trigger=False keeps PDL but lets the combine
+    stream order (phases/kernel/NOTES.md). pdl_trigger=False keeps PDL but lets the combine
     launch only as split programs exit (not measured yet).
     Launches only device work (no host sync), so it can be captured in a CUDA graph.
     """
@@ -196,10 +227,13 @@ def run_split_and_combine(
     cfg = plan.config
     if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, variant.block_n, variant.keys_as_m):
         raise ValueError(f"Expected a plan made for {variant.describe()}, got one for {cfg.describe()}")
-    if plan.num_work == 0:
+    fixed_grid = layout is not None
+    layout = layout or PlanLayout.exact(plan)
+    if layout.max_work == 0:
         return
     bm = cfg.block_m
-    if partial_o.numel() < plan.num_work * bm * V_HEAD_DIM or partial_lse.numel() < plan.num_work * bm:
+    if plan.needs_combine and (partial_o.numel() < plan.num_work * bm * V_HEAD_DIM
+                               or partial_lse.numel() < plan.num_work * bm):  # unsplit items write out only
         raise ValueError(f"Expected partials for {plan.num_work} work items of {bm} rows, got "
                          f"{partial_o.numel()} and {partial_lse.numel()} elements")
     kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv  # [slots, 576]
@@ -208,20 +242,20 @@ def run_split_and_combine(
                          "kv_indices, out with a unit last stride, on an sm_90 device (see supported())")
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
-    _split_kernel(variant)[(plan.num_work,)](
+    _split_kernel(variant)[(layout.max_work,)](
         q, kv, kv_indices, mask_arg, out, partial_o, partial_lse,
-        qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
+        plan_tensors["counts"], qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and plan.needs_combine, num_warps=variant.num_warps,
+        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and (plan.needs_combine or fixed_grid), num_warps=variant.num_warps,
         **_split_constexprs(variant),
     )
-    if plan.needs_combine:
-        grid = (len(plan.mb_req), bm, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
+    if plan.needs_combine or fixed_grid:
+        grid = (layout.max_row_blocks, bm, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
         _hopper_combine_kernel[grid](
             out, partial_o, partial_lse,
-            qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
+            plan_tensors["counts"], qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
             plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
             plan.num_heads, out.stride(0), out.stride(1),
             DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
@@ -239,20 +273,11 @@ def mla_verify_attention_hopper(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One-call form (plans on the host: one sync). Same arguments as ``mla_verify_attention``."""
-    qo = qo_indptr.tolist()
-    kv = kv_indptr.tolist()
-    qo_lens = [b - a for a, b in zip(qo, qo[1:])]
-    kv_lens = [b - a for a, b in zip(kv, kv[1:])]
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    plan = make_plan(qo_lens, kv_lens, q.shape[1], sms)
-    if out is None:
-        out = torch.empty((q.shape[0], q.shape[1], V_HEAD_DIM), dtype=q.dtype, device=q.device)
-    partial_o, partial_lse = allocate_workspace(plan.num_work, q.device)
-    scale = 1.0 / math.sqrt(HEAD_DIM) if sm_scale is None else float(sm_scale)
-    run_split_and_combine(plan, plan.to_device(q.device), q, kv_cache, qo_indptr, kv_indptr, kv_indices,
-                          tree_mask, scale, out, partial_o, partial_lse)
-    return out
+    """One-call form (plans on the host: one sync): ``mla_verify_attention(..., backend="hopper")``."""
+    from kernel.mla_verify import mla_verify_attention
+
+    return mla_verify_attention(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
+                                V_HEAD_DIM, out, backend="hopper")
 
 
 def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = False):
@@ -264,7 +289,7 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, e
 
     fn = _split_kernel(variant)
     pointers = {"Q": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "TREE_MASK": "*u8", "OUT": "*bf16",
-                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "COUNTS": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
                 "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32", "W_KV_START": "*i32",
                 "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
     scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",

@@ -11,14 +11,18 @@ import triton.language as tl
 @triton.jit(do_not_specialize=["num_heads"])
 def _hopper_combine_kernel(
     OUT, PARTIAL_O, PARTIAL_LSE,
-    QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
+    COUNTS, QO_INDPTR, MB_REQ, MB_MBLK, MB_WORK_START, MB_NSPLIT, MB_STRIDE,
     num_heads, stride_on, stride_oh,
     DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Grid: (num_row_blocks, BLOCK_M, cdiv(DV, BLOCK_C)). Merges one packed row's splits by their
-    LSEs into OUT [N, H, DV]. PARTIAL_O: fp32 [num_work, BLOCK_M, DV]; PARTIAL_LSE: fp32 [num_work, BLOCK_M]."""
+    LSEs into OUT [N, H, DV]. PARTIAL_O: fp32 [num_work, BLOCK_M, DV]; PARTIAL_LSE: fp32 [num_work, BLOCK_M].
+    COUNTS: int32 [2], COUNTS[1] = num_row_blocks: programs past it (a grid sized for a CUDA graph's
+    largest batch) exit without writing."""
     i = tl.program_id(0)
+    if i >= tl.load(COUNTS + 1):
+        return
     r = tl.program_id(1)
     nsplit = tl.load(MB_NSPLIT + i)
     b = tl.load(MB_REQ + i)

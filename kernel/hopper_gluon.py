@@ -220,7 +220,7 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
 @gluon.jit
 def _mla_verify_hopper_split_kernel(
     Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
-    QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+    COUNTS, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
     W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
     num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
@@ -229,8 +229,12 @@ def _mla_verify_hopper_split_kernel(
     OVERLAP: gl.constexpr, EARLY_LAUNCH: gl.constexpr,
 ):
     """Grid: (num_work,). Q: [N, H, 576] bf16; KV: [slots, 576] bf16 (contiguous rows);
-    OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2)."""
+    OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2).
+    COUNTS: int32 [2], COUNTS[0] = num_work: programs past it (a grid sized for the largest batch a
+    CUDA graph may replay) exit before allocating anything, without writing."""
     gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
+    if gl.program_id(0) >= gl.load(COUNTS):
+        return
     if EARLY_LAUNCH:
         # Let the combine kernel's programs launch now; they wait (griddepcontrol.wait) for this grid to finish.
         gdc_launch_dependents()
@@ -371,7 +375,7 @@ def _consumer_keys_as_m(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV
 @gluon.jit
 def _mla_verify_hopper_keys_as_m_kernel(
     Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
-    QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+    COUNTS, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
     W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
     num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
@@ -380,8 +384,11 @@ def _mla_verify_hopper_keys_as_m_kernel(
     OVERLAP: gl.constexpr, EARLY_LAUNCH: gl.constexpr,
 ):
     """As ``_mla_verify_hopper_split_kernel`` for BLOCK_M <= 32 packed rows, with a one-warpgroup
-    keys-as-M consumer (``_consumer_keys_as_m``); PARTIAL_O: fp32 [num_work, BLOCK_M, 512]."""
+    keys-as-M consumer (``_consumer_keys_as_m``); PARTIAL_O: fp32 [num_work, BLOCK_M, 512].
+    Programs at or past COUNTS[0] exit without writing, as in the 64-row kernel."""
     gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
+    if gl.program_id(0) >= gl.load(COUNTS):
+        return
     if EARLY_LAUNCH:
         gdc_launch_dependents()
     HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL

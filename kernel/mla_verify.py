@@ -9,6 +9,7 @@ into the caller's fixed one); ``run`` only launches device work into ``out``, so
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -26,12 +27,14 @@ from kernel.plan import (
     max_work_items,
     plan_work,
 )
+from kernel import hopper
 from kernel.triton_kernels import _mla_verify_combine_kernel, _mla_verify_split_kernel
 from kernel.validation import check_dims, check_inputs, check_lengths, check_planned_inputs, kv_rows
 
 LOG2E = 1.4426950408889634
 COMBINE_SPLITS = 32  # splits merged per load in the combine kernel
 COMBINE_COLS = 128  # output columns per combine program
+BACKENDS = ("auto", "triton", "hopper")
 
 
 def interpreting() -> bool:
@@ -60,7 +63,8 @@ class Workspace:
     [num_work, BLOCK_M]).
     For ``MLAVerifyWrapper(use_cuda_graph=True)`` also: metadata, int32 [layout.numel], the
     fixed plan buffer that every ``plan()`` copies into; layout, its offsets; config, the one
-    tile configuration every plan into it uses (a captured launch fixes the block sizes).
+    tile configuration every plan into it uses (a captured launch fixes the block sizes);
+    backend, the path ("hopper" or "triton") whose tile configurations it was sized for.
     """
 
     partial_o: torch.Tensor
@@ -68,6 +72,7 @@ class Workspace:
     metadata: torch.Tensor | None = None
     layout: PlanLayout | None = None
     config: TileConfig | None = None
+    backend: str = "triton"
 
     @staticmethod
     def allocate(max_work: int, config: TileConfig, dims: HeadDims, device: torch.device) -> "Workspace":
@@ -94,8 +99,12 @@ def make_plan(
     v_head_dim: int,
     device: torch.device,
     config: TileConfig | None = None,
+    hopper_tiles: bool = False,
 ) -> MLAVerifyPlan:
-    """Plan a call from int32 [B+1] ``qo_indptr`` / ``kv_indptr`` (read on the host: one sync)."""
+    """Plan a call from int32 [B+1] ``qo_indptr`` / ``kv_indptr`` (read on the host: one sync).
+
+    config None: the Triton path's default for the batch, or with ``hopper_tiles`` the tile
+    configuration of the Hopper variant ``hopper.choose_variant`` picks."""
     check_dims(head_dim, v_head_dim)
     qo = qo_indptr.tolist()
     kv = kv_indptr.tolist()
@@ -106,8 +115,24 @@ def make_plan(
     dims = HeadDims.of(head_dim, v_head_dim)
     if config is None:
         max_rows = max(qo_lens) * num_heads if qo_lens else 1
-        config = default_tile_config(max_rows, dims, _num_sms(device), interpreting())
+        if hopper_tiles:
+            config = hopper.tile_config(_num_sms(device), hopper.choose_variant(max_rows))
+        else:
+            config = default_tile_config(max_rows, dims, _num_sms(device), interpreting())
     return plan_work(qo_lens, kv_lens, num_heads, dims, config)
+
+
+def triton_config_for(config: TileConfig) -> TileConfig:
+    """The Triton path's launch configuration over the same work decomposition as ``config``.
+
+    The dispatched Hopper tile configurations decompose the work as the Triton defaults of the
+    same block sizes do: the 64-row one is the Triton 64-row default itself; the keys-as-M
+    16-row one differs only in launch parameters, replaced by the Triton 16-row default's
+    (8 warps, 3 stages). Other configurations are returned unchanged.
+    """
+    if not config.keys_as_m:
+        return config
+    return dataclasses.replace(config, keys_as_m=False, num_warps=8, num_stages=3)
 
 
 def upload_plan(plan: MLAVerifyPlan, layout: PlanLayout, device: torch.device, into: torch.Tensor | None = None) -> torch.Tensor:
@@ -193,6 +218,17 @@ class MLAVerifyWrapper:
     re-planning with new lengths (same q / kv / out buffers, at most ``max_batch`` requests of
     at most ``max_draft`` drafts).
 
+    Backends: on an sm_90 (Hopper) GPU with Gluon, ``plan`` builds the Hopper path's plan
+    (``kernel.hopper``: warp-specialized Gluon split kernel, 1.3-1.7x the Triton path on an H200)
+    for bf16 q with D=576, DV=512 and no explicit ``config``; everything else, and Triton's CPU
+    interpreter, takes the Triton path. ``backend="triton"`` forces the Triton path;
+    ``backend="hopper"`` forces the Hopper path and raises ``ValueError`` where it cannot run.
+    ``path`` says which one ``plan`` chose, ``last_path`` which one the last ``run`` launched.
+    int64 ``kv_indices``: the Hopper kernels read int32 slots; ``run`` serves int64 (or a
+    strided KV pool) through the Triton path over the same plan (same work decomposition, no
+    cast, no allocation) under ``backend="auto"``, and raises under ``backend="hopper"``. A
+    caller that wants the Hopper path passes int32 indices (or casts them once per batch).
+
     Example::
 
         wrapper = MLAVerifyWrapper(torch.device("cuda"))
@@ -212,11 +248,30 @@ class MLAVerifyWrapper:
     """
 
     def __init__(
-        self, device: torch.device | str, workspace: Workspace | None = None, *, use_cuda_graph: bool = False
+        self,
+        device: torch.device | str,
+        workspace: Workspace | None = None,
+        *,
+        use_cuda_graph: bool = False,
+        backend: str = "auto",
     ) -> None:
         """``workspace``: caller-owned scratch (from ``allocate_workspace``) that ``plan`` must use
-        and never replace; None lets ``plan`` allocate. ``use_cuda_graph``: see the class docstring."""
+        and never replace; None lets ``plan`` allocate. ``use_cuda_graph``: see the class docstring.
+        ``backend``: "auto" (Hopper where supported, else Triton), "triton" or "hopper"."""
         self.device = torch.device(device)
+        if backend not in BACKENDS:
+            raise ValueError(f"Expected backend in {BACKENDS}, got {backend!r}")
+        if backend == "hopper" and not hopper.available(self.device):
+            raise ValueError(
+                "Expected an sm_90 CUDA device, Triton with Gluon and no TRITON_INTERPRET for backend='hopper', got "
+                f"device {self.device}" + ("" if hopper.HAVE_GLUON else " and a Triton without Gluon")
+                + (" under Triton's CPU interpreter" if interpreting() else "")
+            )
+        self.backend = backend
+        self._hopper_ok = backend != "triton" and hopper.available(self.device)
+        if backend == "hopper" and use_cuda_graph and workspace is not None and workspace.backend != "hopper":
+            raise ValueError("Expected a workspace allocated for the Hopper path with backend='hopper', "
+                             f"got one sized for the {workspace.backend} path")
         if use_cuda_graph and (workspace is None or workspace.metadata is None):
             raise ValueError(
                 "Expected a workspace from allocate_workspace(..., use_cuda_graph=True) with use_cuda_graph=True, "
@@ -228,6 +283,10 @@ class MLAVerifyWrapper:
         self._workspace = workspace
         self._owns_workspace = workspace is None
         self._dtype = torch.bfloat16
+        self._triton_plan: MLAVerifyPlan | None = None  # the plan with Triton launch parameters
+        self._variant: "hopper.Variant | None" = None  # set when plan() chose the Hopper path
+        self.path: str | None = None
+        self.last_path: str | None = None
 
     def allocate_workspace(
         self,
@@ -249,10 +308,15 @@ class MLAVerifyWrapper:
         device = self.device
         dims = HeadDims.of(head_dim, v_head_dim)
         sms, interp = _num_sms(device), interpreting()
-        if use_cuda_graph:
+        use_hopper = self._hopper_ok and self._hopper_dims(dims)
+        if use_cuda_graph and use_hopper:
+            configs = {hopper.tile_config(sms, hopper.choose_variant(max_draft * num_heads))}
+        elif use_cuda_graph:
             configs = {default_tile_config(max_draft * num_heads, dims, sms, interp)}
         else:
             configs = {default_tile_config(t * num_heads, dims, sms, interp) for t in range(1, max_draft + 1)}
+            if use_hopper:
+                configs |= {hopper.tile_config(sms, hopper.choose_variant(t * num_heads)) for t in range(1, max_draft + 1)}
         rows = max(max_work_items(max_batch, max_draft, num_heads, c) * c.block_m for c in configs)
         workspace = Workspace(
             torch.empty(rows * dims.block_dv, dtype=torch.float32, device=device),
@@ -267,7 +331,28 @@ class MLAVerifyWrapper:
             )
             workspace.metadata = torch.zeros(layout.numel, dtype=torch.int32, device=device)
             workspace.layout, workspace.config = layout, config
+            workspace.backend = "hopper" if use_hopper else "triton"
         return workspace
+
+    @staticmethod
+    def _hopper_dims(dims: HeadDims) -> bool:
+        return (dims.head_dim, dims.v_head_dim) == (hopper.HEAD_DIM, hopper.V_HEAD_DIM)
+
+    def _choose_path(self, dims: HeadDims, dtype: torch.dtype, config: TileConfig | None) -> str:
+        """"hopper" or "triton" for a plan; ValueError when ``backend="hopper"`` cannot serve it."""
+        if self.use_cuda_graph:
+            reasons = [] if self._workspace.backend == "hopper" else ["a workspace sized for the Triton path"]
+        else:
+            reasons = [] if config is None else ["an explicit (Triton) tile config"]
+        if not self._hopper_dims(dims):
+            reasons.append(f"head_dim={dims.head_dim}, v_head_dim={dims.v_head_dim} (the Hopper path needs 576, 512)")
+        if dtype != torch.bfloat16:
+            reasons.append(f"dtype {dtype} (the Hopper path needs torch.bfloat16)")
+        if self._hopper_ok and not reasons:
+            return "hopper"
+        if self.backend == "hopper":
+            raise ValueError(f"Expected a batch the Hopper path serves with backend='hopper', got {'; '.join(reasons)}")
+        return "triton"
 
     def plan(
         self,
@@ -289,7 +374,12 @@ class MLAVerifyWrapper:
         """
         if self.use_cuda_graph:
             config = self._workspace.config
-        plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config)
+        check_dims(head_dim, v_head_dim)
+        path = self._choose_path(HeadDims.of(head_dim, v_head_dim), dtype, config)
+        if path == "triton" and config is not None:
+            config = triton_config_for(config)  # a graph workspace sized for the Hopper path, fp16 q
+        plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config,
+                         hopper_tiles=path == "hopper")
         if self._workspace is None or not self._workspace.fits(plan):
             if not self._owns_workspace:
                 raise ValueError(
@@ -309,6 +399,11 @@ class MLAVerifyWrapper:
             layout = PlanLayout.exact(plan)
             buffer = upload_plan(plan, layout, self.device)
         self._plan, self._meta, self._dtype = plan, layout.views(buffer), dtype
+        self.path = path
+        self._variant = hopper.variant_of(plan.config) if path == "hopper" else None
+        # The Triton kernels over the same decomposition: run()'s fallback for inputs the Hopper
+        # kernels do not take (int64 kv_indices, strided KV rows).
+        self._triton_plan = dataclasses.replace(plan, config=triton_config_for(plan.config))
         return plan
 
     def run(
@@ -336,7 +431,24 @@ class MLAVerifyWrapper:
             out = torch.empty((shapes.num_tokens, shapes.num_heads, shapes.v_head_dim), dtype=q.dtype, device=q.device)
         scale = 1.0 / math.sqrt(shapes.head_dim) if sm_scale is None else float(sm_scale)
         layout = self._workspace.layout if self.use_cuda_graph else None
-        run_plan(plan, self._meta, q, kv_rows(kv_cache), kv_indices, tree_mask, scale, out, self._workspace, layout=layout)
+        kv = kv_rows(kv_cache)
+        if self._variant is not None:
+            if hopper.supported(q, kv, plan.dims.v_head_dim, kv_indices) and out.stride(-1) == 1:
+                ws = self._workspace
+                hopper.run_split_and_combine(
+                    plan, self._meta, q, kv, self._meta["qo_indptr"], self._meta["kv_indptr"], kv_indices,
+                    tree_mask, scale, out, ws.partial_o, ws.partial_lse, variant=self._variant, layout=layout,
+                )
+                self.last_path = "hopper"
+                return out
+            if self.backend == "hopper":
+                raise ValueError(
+                    "Expected inputs the Hopper path takes with backend='hopper' (int32 kv_indices, contiguous "
+                    f"[slots, 576] KV rows, bf16, out with a unit last stride), got kv_indices {kv_indices.dtype}, "
+                    f"KV strides {tuple(kv.stride())}, out strides {tuple(out.stride())}"
+                )
+        run_plan(self._triton_plan, self._meta, q, kv, kv_indices, tree_mask, scale, out, self._workspace, layout=layout)
+        self.last_path = "triton"
         return out
 
 
@@ -352,6 +464,7 @@ def mla_verify_attention(
     out: torch.Tensor | None = None,
     *,
     config: TileConfig | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Tree-masked MLA verify attention over a page_size=1 KV pool.
 
@@ -367,11 +480,13 @@ def mla_verify_attention(
     sm_scale: score scale, default 1/sqrt(D).
     v_head_dim: DV; V is the first DV values of each row.
     out: optional preallocated [N, H, DV], q's dtype.
-    config: optional tile configuration (benchmarks and tuning).
+    config: optional Triton tile configuration (benchmarks and tuning; selects the Triton path).
+    backend: "auto" (the Hopper path on sm_90 where it applies, else Triton), "triton" or "hopper"
+        (``MLAVerifyWrapper``).
     Returns out: [N, H, DV], q's dtype. Deterministic: identical inputs give identical bits.
     """
     check_inputs(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, v_head_dim, out)
-    wrapper = MLAVerifyWrapper(q.device)
+    wrapper = MLAVerifyWrapper(q.device, backend=backend)
     wrapper.plan(qo_indptr, kv_indptr, q.shape[1], q.shape[2], v_head_dim, config, q.dtype)
     return wrapper.run(q, kv_cache, kv_indices, tree_mask, sm_scale, out)
 

@@ -33,7 +33,8 @@ class TileConfig:
     block_m: packed (draft token, head) rows per program.  block_n: KV rows per tile.
     num_warps, num_stages: Triton launch parameters.  target_programs: work items to aim
     for when splitting KV (a multiple of the SM count).  min_chunk: fewest KV rows a split
-    may own (amortizes the combine step).
+    may own (amortizes the combine step).  keys_as_m: the Hopper path's keys-as-M split kernel
+    (``kernel.hopper``); the Triton path ignores it.
     """
 
     block_m: int
@@ -42,9 +43,11 @@ class TileConfig:
     num_stages: int
     target_programs: int
     min_chunk: int = 256
+    keys_as_m: bool = False
 
     def describe(self) -> str:
-        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}"
+        name = f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}"
+        return name + "_kM" if self.keys_as_m else name
 
 
 @dataclass(frozen=True)

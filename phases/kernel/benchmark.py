@@ -13,6 +13,8 @@ per layer, ``MLAVerifyWrapper.plan()`` once outside the timing and ``run(out=)``
 CUDA graph whose replay is timed (device time, as an engine under graph capture pays it);
 ``eager_us`` is the same planned ``run`` launched eagerly (plus host launch cost); ``call_us``
 is the one-call ``mla_verify_attention`` run eagerly, including its host-side planning.
+All three use the default dispatch (``backend="auto"``): the Hopper path on an sm_90 GPU with
+Gluon, the Triton path elsewhere; each row records the path its planned call used (``path``).
 
 Artifacts (through ``runner.gatekit``): ``bench.json``, ``bench.md`` and two plots,
 ``roofline-fraction`` (fraction vs context per (H, T)) and ``kv-bandwidth`` (KV bandwidth vs
@@ -84,6 +86,7 @@ class BenchRow:
     oracle_us: float | None
     speedup: float | None
     rel_err: float
+    path: str = "n/a"  # the kernel path the planned call dispatched to: "hopper" | "triton" ("n/a": not planned)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,9 @@ def run(
     Returns:
         metrics: ``copy_bw_TBps``, ``bf16_TFLOPs``, ``min_frac_{memory,mid,compute}_{64k,16k}``,
         ``min_frac_batch8``, ``min_speedup_64k``, ``tree_mask_overhead``, ``scattered_overhead``,
-        ``max_rel_err``, ``rows``, ``elapsed_s`` and ``frac_<row>``/``us_<row>`` per row (e.g.
+        ``max_rel_err``, ``rows``, ``rows_hopper`` / ``rows_triton`` (rows whose planned call the
+        default dispatch sent to each kernel path; each row's ``path`` is in bench.json and the
+        table), ``elapsed_s`` and ``frac_<row>``/``us_<row>`` per row (e.g.
         ``frac_h16_t8_128k``). A class metric is absent when no row of it ran.
     """
     if not torch.cuda.is_available():
@@ -218,7 +223,7 @@ class _Bench:
         rel_err = self._check(inputs, out, planned)
         times = self._time_kernel(inputs, out, planned)
         oracle_us = self._time_oracle(case, inputs) if oracle else None
-        return self._row(name, kind, case, times, oracle_us, rel_err)
+        return self._row(name, kind, case, times, oracle_us, rel_err, _path_of(planned))
 
     def compare_tree_causal(self, case: Case) -> list[BenchRow]:
         """The same inputs with the tree mask and with ``tree_mask=None``, timed alternately."""
@@ -245,9 +250,9 @@ class _Bench:
                 times = self._time_kernel(inputs, out, planned[i])
                 best[i] = tuple(min(b, t) for b, t in zip(best[i], times))
         rows = []
-        for (label, case, _), times, rel_err in zip(variants, best, rel_errs):
+        for (label, case, _), times, rel_err, run in zip(variants, best, rel_errs, planned):
             base = f"h{case.num_heads}_t{case.draft_lens[0]}_{context_label(case.context_lens[0])}"
-            rows.append(self._row(f"{base}_{label}", label, case, times, None, rel_err))
+            rows.append(self._row(f"{base}_{label}", label, case, times, None, rel_err, _path_of(run)))
         return rows
 
     def _prepare(self, inputs: dict, out: torch.Tensor) -> tuple[Callable[[], object], ...] | None:
@@ -302,6 +307,7 @@ class _Bench:
         times_us: tuple[float, float, float],
         oracle_us: float | None,
         rel_err: float,
+        path: str = "n/a",
     ) -> BenchRow:
         """A row from ``times_us = (time_us, eager_us, call_us)``; roofline from the same-run ceilings."""
         time_us, eager_us, call_us = times_us
@@ -329,7 +335,14 @@ class _Bench:
             oracle_us=None if oracle_us is None else round(oracle_us, 1),
             speedup=None if oracle_us is None else round(oracle_us / time_us, 2),
             rel_err=rel_err,
+            path=path,
         )
+
+
+def _path_of(planned: tuple[Callable[[], object], ...] | None) -> str:
+    """The kernel path ("hopper" | "triton") the planned eager call last launched ("n/a" without one)."""
+    wrapper = getattr(planned[0], "wrapper", None) if planned else None
+    return getattr(wrapper, "last_path", None) or "n/a"
 
 
 def summarize(rows: list[BenchRow], ceilings: Ceilings) -> dict:
@@ -355,6 +368,8 @@ def summarize(rows: list[BenchRow], ceilings: Ceilings) -> dict:
             metrics[metric] = round(by_kind[slower].time_us / by_kind[baseline].time_us - 1, 4)
     metrics["max_rel_err"] = max(r.rel_err for r in rows)
     metrics["rows"] = len(rows)
+    metrics["rows_hopper"] = sum(r.path == "hopper" for r in rows)
+    metrics["rows_triton"] = sum(r.path == "triton" for r in rows)
     for r in rows:
         metrics[f"frac_{r.name}"] = r.frac
         metrics[f"us_{r.name}"] = r.time_us
@@ -396,8 +411,8 @@ def markdown_table(rows: list[BenchRow], ceilings: Ceilings, device_info: dict) 
         "call_us: one-call mla_verify_attention, eagerly (host planning included).",
         "",
         "| row | context | H | T | B | time_us | eager_us | call_us | kv_GBps | TFLOP/s | roofline_us | frac | bound "
-        "| oracle_us | speedup | rel_err |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| oracle_us | speedup | rel_err | path |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
         oracle = "n/a" if r.oracle_us is None else f"{r.oracle_us:.1f}"
@@ -406,7 +421,7 @@ def markdown_table(rows: list[BenchRow], ceilings: Ceilings, device_info: dict) 
             f"| {r.name} | {context_label(r.context)} | {r.num_heads} | {r.num_draft} | {r.batch_size} | "
             f"{r.time_us:.1f} | {r.eager_us:.1f} | {r.call_us:.1f} | {r.kv_GBps:.0f} | {r.tflops:.1f} | {r.roofline_us:.1f} | {r.frac:.3f} | "
             f"{r.bound} | "
-            f"{oracle} | {speedup} | {r.rel_err:.2e} |"
+            f"{oracle} | {speedup} | {r.rel_err:.2e} | {r.path} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -1,15 +1,20 @@
 """Build gate: compile every kernel configuration the benchmark shapes use and read its resources.
 
-For each (H, T) of ``phases.kernel.bench.shapes.BENCH_SHAPES`` this calls ``kernel.compile_stats`` and keeps one
-entry per distinct (kernel, config). Register spills are the thing to catch here: a spilling
-configuration runs, passes verification and quietly loses a large share of its speed.
+For each (H, T) of ``phases.kernel.bench.shapes.BENCH_SHAPES`` this calls ``kernel.compile_stats``
+(the Triton path) and ``hopper_compile_stats`` (the Hopper path's Gluon variant that
+``hopper.choose_variant`` dispatches, compiled for sm_90 with ``hopper.compile_for_sm90`` and read
+with ``ptxas -v`` through ``hopper.resource_stats``) and keeps one entry per distinct (kernel,
+config). Register spills are the thing to catch here: a spilling configuration runs, passes
+verification and quietly loses a large share of its speed.
 
 Gate: ``call: phases.kernel.build:run`` (CUDA). Metrics: ``configs``, ``spills``, ``max_regs``,
-``max_shared_bytes``, ``shapes``.
+``max_shared_bytes`` over both paths, ``shapes``, and per path ``configs_triton``,
+``configs_hopper``, ``spills_triton``, ``spills_hopper`` (Hopper entries only with Gluon).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 
 import torch
@@ -22,15 +27,46 @@ def run() -> dict:
     """Compile the benchmark shapes' kernels on the current GPU and aggregate their stats."""
     if not torch.cuda.is_available():
         raise RuntimeError("The build gate needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from kernel import compile_stats
+    from kernel import compile_stats, hopper
 
-    stats = collect_stats(compile_stats, BENCH_SHAPES, on_progress=gatekit.progress)
+    total = 2 * len(BENCH_SHAPES) if hopper.HAVE_GLUON else len(BENCH_SHAPES)
+    stats = collect_stats(compile_stats, BENCH_SHAPES, on_progress=lambda done, _: gatekit.progress(done, total))
+    triton_stats = [dict(s, path="triton") for s in stats]
+    hopper_stats: list[dict] = []
+    if hopper.HAVE_GLUON:
+        hopper_stats = collect_stats(
+            hopper_compile_stats, BENCH_SHAPES,
+            on_progress=lambda done, _: gatekit.progress(len(BENCH_SHAPES) + done, total),
+        )
+        hopper_stats = [dict(s, path="hopper") for s in hopper_stats]
+    stats = triton_stats + hopper_stats
     metrics = aggregate(stats)
     metrics["shapes"] = len(BENCH_SHAPES)
     table = markdown_table(stats)
     gatekit.write_artifact("build.md", table)
     print(table, flush=True)  # the gate's log keeps the table
     return metrics
+
+
+def hopper_compile_stats(num_heads: int, max_draft: int) -> list[dict]:
+    """The Hopper split kernel ``hopper.choose_variant`` dispatches for (H=num_heads, T=max_draft),
+    compiled for sm_90 (tree mask and causal), in ``kernel.compile_stats``'s format plus
+    ``setmaxnreg`` (the per-partition register budgets)."""
+    from kernel import hopper
+
+    variant = hopper.choose_variant(num_heads * max_draft)
+    return [_hopper_variant_stats(variant, causal) for causal in (False, True)]
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_variant_stats(variant, causal: bool) -> dict:
+    from kernel import hopper
+
+    stats = hopper.resource_stats(hopper.compile_for_sm90(causal, variant))
+    kernel = "_mla_verify_hopper_keys_as_m_kernel" if variant.keys_as_m else "_mla_verify_hopper_split_kernel"
+    return {"kernel": f"{kernel}[{'causal' if causal else 'tree'}]", "config": variant.describe() + "_sm90",
+            "n_regs": stats["n_regs"], "n_spills": stats["n_spills"], "shared_bytes": stats["shared_bytes"],
+            "setmaxnreg": stats["setmaxnreg"]}
 
 
 def collect_stats(
@@ -57,13 +93,20 @@ def collect_stats(
 
 
 def aggregate(stats: list[dict]) -> dict:
-    """``configs`` (distinct), ``spills`` (sum of n_spills), ``max_regs``, ``max_shared_bytes``."""
-    return {
+    """``configs`` (distinct), ``spills`` (sum of n_spills), ``max_regs``, ``max_shared_bytes`` over
+    every entry, and ``configs_<path>`` / ``spills_<path>`` per kernel path (an entry's ``path``,
+    "triton" when absent)."""
+    metrics = {
         "configs": len(stats),
         "spills": sum(int(s["n_spills"]) for s in stats),
         "max_regs": max((int(s["n_regs"]) for s in stats), default=0),
         "max_shared_bytes": max((int(s["shared_bytes"]) for s in stats), default=0),
     }
+    for path in ("triton", "hopper"):
+        entries = [s for s in stats if s.get("path", "triton") == path]
+        metrics[f"configs_{path}"] = len(entries)
+        metrics[f"spills_{path}"] = sum(int(s["n_spills"]) for s in entries)
+    return metrics
 
 
 def markdown_table(stats: list[dict]) -> str:

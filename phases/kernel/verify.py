@@ -11,6 +11,12 @@ the same reference computed in the input dtype (bf16/fp16 scores, softmax and pr
 its own error against float64, and the kernel's error may be at most ``max_err_ratio`` (2)
 times that, plus a tiny absolute floor (``ERR_FLOOR``) for cases both get exactly right.
 
+Both kernel paths: on the GPU every case runs through the Triton path (``backend="triton"``) and,
+where the Hopper path serves it (an sm_90 device with Gluon; bf16, D=576/DV=512, int32 indices),
+through the Hopper path too (``backend="hopper"``), each run checked on its own against the same
+references. ``cases`` counts every checked run, ``cases_hopper`` / ``cases_triton`` those of
+each path. The interpret profile runs the Triton path only (Gluon does not run in the interpreter).
+
 Gate: ``call: phases.kernel.verify:run`` with ``args: {profile: full}`` (CUDA) or
 ``{profile: interpret}`` (CPU, with ``TRITON_INTERPRET=1`` in the gate's env).
 Standalone: ``python -m phases.kernel.verify --profile interpret [--limit N] [--json]``.
@@ -26,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 
@@ -46,6 +53,7 @@ class CaseResult:
     index: int
     case: str
     ok: bool
+    path: str = "triton"  # the kernel path checked: "triton", "hopper" (or "custom" for a given function)
     max_rel_err: float | None = None
     ref_rel_err: float | None = None  # the input-dtype reference's error vs float64
     err_ratio: float | None = None  # max_rel_err / (ref_rel_err + ERR_FLOOR)
@@ -73,12 +81,15 @@ def run(
         limit: run only the first ``limit`` cases (None: all).
         tol: per-case bound on the largest per-request relative error.
         attention_fn: the function under test, with the signature of
-            ``kernel.mla_verify_attention`` (None: that function).
+            ``kernel.mla_verify_attention`` (None: that function, once per kernel path:
+            ``backend="triton"`` for every case and ``backend="hopper"`` for the cases it serves).
         max_err_ratio: per-case bound on the kernel's error over the input-dtype reference's.
     Returns:
         ``{"cases", "cases_failed", "max_rel_err", "max_err_ratio", "nan_cases", "nondeterministic",
-        "overrun_cases", "not_out_cases", "errors", "elapsed_s", "profile"}``; ``max_rel_err`` and
-        ``max_err_ratio`` are NaN when no case could be measured.
+        "overrun_cases", "not_out_cases", "errors", "elapsed_s", "profile", "cases_hopper",
+        "cases_triton", "cases_failed_hopper", "cases_failed_triton"}``: ``cases`` and every other
+        count over all checked runs (one per case and path); ``max_rel_err`` and ``max_err_ratio``
+        are NaN when no case could be measured.
     """
     if profile not in PROFILES:
         raise ValueError(f"Expected profile in {sorted(PROFILES)}, got {profile!r}")
@@ -88,9 +99,7 @@ def run(
             "Profile 'interpret' runs the kernel on CPU tensors and needs TRITON_INTERPRET=1 set before "
             "the kernel is imported (the plan's gate sets it in env:)"
         )
-    if attention_fn is None:
-        # Imported here, not at the top: the kernel reads TRITON_INTERPRET when it is imported.
-        from kernel import mla_verify_attention as attention_fn
+    paths = kernel_paths(device) if attention_fn is None else {"custom": attention_fn}
     cases = PROFILES[profile](seed)
     if limit is not None:
         cases = cases[:limit]
@@ -98,31 +107,75 @@ def run(
     started = time.perf_counter()
     results: list[CaseResult] = []
     for index, case in enumerate(cases):
-        results.append(check_case(index, case, device, attention_fn, tol, max_err_ratio))
+        fns = {path: fn for path, fn in paths.items() if path != "hopper" or hopper_serves(case)}
+        results.extend(check_case(index, case, device, fns, tol, max_err_ratio))
         gatekit.progress(index + 1, len(cases))
     metrics = summarize(results, profile=profile, elapsed_s=time.perf_counter() - started)
     write_artifacts(profile, results, metrics)
     return metrics
 
 
+def kernel_paths(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]:
+    """The kernel paths to check on ``device``: the Triton path always, the Hopper path where it
+    can run (an sm_90 device with Gluon, outside Triton's interpreter)."""
+    # Imported here, not at the top: the kernel reads TRITON_INTERPRET when it is imported.
+    from kernel import hopper, mla_verify_attention
+
+    paths = {"triton": partial(mla_verify_attention, backend="triton")}
+    if hopper.available(device):
+        paths["hopper"] = partial(mla_verify_attention, backend="hopper")
+    return paths
+
+
+def hopper_serves(case: Case) -> bool:
+    """Whether the Hopper path takes ``case``'s inputs (``kernel.hopper.supported``): bf16,
+    D=576 / DV=512, int32 indices (either KV layout, either mask type)."""
+    return case.dtype == "bf16" and (case.head_dim, case.v_head_dim) == (576, 512) and case.index_dtype == "int32"
+
+
 def check_case(
     index: int,
     case: Case,
     device: torch.device,
-    attention_fn: Callable[..., torch.Tensor],
+    attention_fns: dict[str, Callable[..., torch.Tensor]],
     tol: float,
     max_err_ratio: float = MAX_ERR_RATIO,
+) -> list[CaseResult]:
+    """Run one case through every check, once per path in ``attention_fns`` (the inputs and the
+    references are built once); never raises (an exception becomes that run's ``error``)."""
+    results = []
+    shared: dict = {}
+    for path, attention_fn in attention_fns.items():
+        results.append(_check_path(index, case, device, path, attention_fn, tol, max_err_ratio, shared))
+    return results
+
+
+def _check_path(
+    index: int,
+    case: Case,
+    device: torch.device,
+    path: str,
+    attention_fn: Callable[..., torch.Tensor],
+    tol: float,
+    max_err_ratio: float,
+    shared: dict,
 ) -> CaseResult:
-    """Run one case through every check; never raises (an exception becomes ``error``)."""
+    """One path's run of one case. ``shared`` caches the inputs and references across paths."""
     started = time.perf_counter()
-    result = CaseResult(index=index, case=case.describe(), ok=False)
+    result = CaseResult(index=index, case=case.describe(), ok=False, path=path)
     try:
-        inputs = build_inputs(case, device)
+        if "inputs" not in shared:
+            shared["inputs"] = build_inputs(case, device)
+        inputs = shared["inputs"]
         first = _call_poisoned(attention_fn, inputs, case, result)
         result.non_finite = not bool(torch.isfinite(first).all())
-        reference = mla_verify_reference(**inputs, compute_dtype=torch.float64, out_dtype=torch.float64)
-        same_precision = mla_verify_reference(**inputs, compute_dtype=inputs["q"].dtype)
-        result.ref_rel_err = max_request_rel_err(same_precision, reference, inputs["qo_indptr"])
+        if "reference" not in shared:
+            shared["reference"] = mla_verify_reference(**inputs, compute_dtype=torch.float64, out_dtype=torch.float64)
+        reference = shared["reference"]
+        if "ref_rel_err" not in shared:
+            same_precision = mla_verify_reference(**inputs, compute_dtype=inputs["q"].dtype)
+            shared["ref_rel_err"] = max_request_rel_err(same_precision, reference, inputs["qo_indptr"])
+        result.ref_rel_err = shared["ref_rel_err"]
         if not result.non_finite:
             result.max_rel_err = max_request_rel_err(first, reference, inputs["qo_indptr"])
             result.err_ratio = result.max_rel_err / (result.ref_rel_err + ERR_FLOOR)
@@ -178,6 +231,10 @@ def summarize(results: list[CaseResult], *, profile: str, elapsed_s: float) -> d
         "not_out_cases": sum(r.returned_out is False for r in results),
         "errors": sum(r.error is not None for r in results),
         "elapsed_s": round(elapsed_s, 3),
+        "cases_hopper": sum(r.path == "hopper" for r in results),
+        "cases_triton": sum(r.path == "triton" for r in results),
+        "cases_failed_hopper": sum(r.path == "hopper" and not r.ok for r in results),
+        "cases_failed_triton": sum(r.path == "triton" and not r.ok for r in results),
     }
 
 
@@ -198,7 +255,7 @@ def summary_markdown(profile: str, results: list[CaseResult], metrics: dict) -> 
         lines.append("None.")
     for r in failed[:100]:
         reason = r.error or _failure_reason(r)
-        lines.append(f"- #{r.index} `{r.case}`: {reason}")
+        lines.append(f"- #{r.index} [{r.path}] `{r.case}`: {reason}")
     if len(failed) > 100:
         lines.append(f"- ... and {len(failed) - 100} more (see the JSON)")
     return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
     python -m phases.kernel.warmup [--workers 8]
 
 The verify profile touches about thirty specializations (dtype, index dtype, tree or causal,
-head dims, tile configuration); compiled one after another inside the gates they would take
+head dims, tile configuration), each through the Triton path and, on sm_90, the Hopper path's
+Gluon kernels where they apply; compiled one after another inside the gates they would take
 minutes. This runs one tiny input of each specialization in parallel worker processes, so
 the gates find the kernels in the shared on-disk cache. It changes no result: the gates still
 compile anything missing and check every case themselves.
@@ -43,13 +44,17 @@ def representative_cases() -> list[Case]:
 def _compile_one(case: Case) -> str:
     import torch
 
-    from kernel import mla_verify_attention
+    from kernel import hopper, mla_verify_attention
     from phases.kernel.bench.cases import build_inputs
+    from phases.kernel.verify import hopper_serves
 
-    inputs = build_inputs(case, torch.device("cuda"))
-    mla_verify_attention(**inputs)
+    device = torch.device("cuda")
+    inputs = build_inputs(case, device)
+    backends = ["triton"] + (["hopper"] if hopper.available(device) and hopper_serves(case) else [])
+    for backend in backends:  # the verify gate runs both paths; the benchmark the dispatched one
+        mla_verify_attention(**inputs, backend=backend)
     torch.cuda.synchronize()
-    return case.describe()
+    return f"{case.describe()} [{'+'.join(backends)}]"
 
 
 def main(argv: list[str] | None = None) -> int:

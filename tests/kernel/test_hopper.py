@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kernel import hopper
+from kernel.plan import HeadDims
 
 SHARED_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 
@@ -83,6 +84,56 @@ def test_supported_rejects_cpu_tensors():
     q = torch.zeros(1, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(8, 576, dtype=torch.bfloat16)
     assert not hopper.supported(q, kv)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch from MLAVerifyWrapper / mla_verify_attention
+# ----------------------------------------------------------------------------------------------
+
+CPU = "cpu"
+
+
+def test_dispatch_chooses_triton_without_a_hopper_gpu():
+    """On a CPU machine (Triton's interpreter) the wrapper plans and runs the Triton path."""
+    from kernel import MLAVerifyWrapper
+
+    assert not hopper.available(CPU)
+    wrapper = MLAVerifyWrapper(CPU)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 64, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
+    qo_indptr = torch.tensor([0, 2], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 40], dtype=torch.int32)
+    wrapper.plan(qo_indptr, kv_indptr, num_heads=2, head_dim=64, v_head_dim=32)
+    assert wrapper.path == "triton" and not wrapper._triton_plan.config.keys_as_m
+    out = wrapper.run(q, kv, torch.arange(40, dtype=torch.int32))
+    assert wrapper.last_path == "triton" and not torch.isnan(out).any()
+
+
+def test_backend_hopper_raises_without_a_hopper_gpu():
+    from kernel import MLAVerifyWrapper, mla_verify_attention
+
+    with pytest.raises(ValueError, match="backend='hopper'"):
+        MLAVerifyWrapper(CPU, backend="hopper")
+    q = torch.zeros(1, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(8, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="sm_90"):
+        mla_verify_attention(q, kv, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32),
+                             torch.arange(8, dtype=torch.int32), backend="hopper")
+    with pytest.raises(ValueError, match="backend"):
+        MLAVerifyWrapper(CPU, backend="cuda")
+
+
+def test_triton_config_for_a_hopper_plan_is_the_triton_default():
+    """The Triton fallback over a Hopper plan keeps the decomposition and uses the Triton defaults."""
+    from kernel.mla_verify import triton_config_for
+    from kernel.plan import default_tile_config
+
+    dims = HeadDims.of(576, 512)
+    for rows in (16, 128):
+        cfg = hopper.tile_config(132, hopper.choose_variant(rows))
+        assert triton_config_for(cfg) == default_tile_config(rows, dims, 132, interpret=False)
+        assert hopper.variant_of(cfg) == hopper.choose_variant(rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +206,7 @@ def test_matches_float64_reference(draft_lens, kv_lens, num_heads, tree, variant
     scale = 1.0 / math.sqrt(192)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     plan = hopper.make_plan(draft_lens, kv_lens, num_heads, sms, variant)
-    tensors = plan.to_device(q.device)
+    tensors = hopper.plan_tensors(plan, q.device)
     partial_o, partial_lse = hopper.allocate_workspace(plan.num_work, q.device)
     n, h = q.shape[0], num_heads
     guarded = torch.full(((n + 2) * h * 512,), float("nan"), dtype=torch.bfloat16, device=q.device)
@@ -185,3 +236,59 @@ def test_one_call_form():
     out = hopper.mla_verify_attention_hopper(q, kv, qo_indptr, kv_indptr, kv_indices, flat, 1.0 / math.sqrt(192))
     ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, 1.0 / math.sqrt(192))
     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", pytest.param("hopper", marks=[needs_gluon, needs_sm90])])
+@pytest.mark.parametrize("draft_lens,kv_lens,num_heads,tree", CASES)
+def test_wrapper_backends_match_float64_reference(draft_lens, kv_lens, num_heads, tree, backend):
+    """Each backend through MLAVerifyWrapper: float64 reference, NaN-poisoned out inside a NaN
+    buffer (guard rows untouched), bitwise-identical second run."""
+    from kernel import MLAVerifyWrapper
+
+    q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs(draft_lens, kv_lens, num_heads, tree, seed=len(kv_lens))
+    scale = 1.0 / math.sqrt(192)
+    wrapper = MLAVerifyWrapper(q.device, backend=backend)
+    wrapper.plan(qo_indptr, kv_indptr, num_heads)
+    assert wrapper.path == backend
+    n, h = q.shape[0], num_heads
+    guarded = torch.full(((n + 2) * h * 512,), float("nan"), dtype=torch.bfloat16, device=q.device)
+    out = guarded[h * 512 : (n + 1) * h * 512].view(n, h, 512)
+    wrapper.run(q, kv, kv_indices, flat, scale, out)
+    first = out.clone()
+    out.fill_(float("nan"))
+    wrapper.run(q, kv, kv_indices, flat, scale, out)
+    torch.cuda.synchronize()
+    assert wrapper.last_path == backend
+    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale)
+    assert not torch.isnan(out).any(), "rows left unwritten"
+    assert torch.isnan(guarded[: h * 512]).all() and torch.isnan(guarded[(n + 1) * h * 512 :]).all(), "wrote outside out"
+    assert torch.equal(first, out), "not deterministic"
+    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_auto_dispatches_hopper_and_falls_back_for_int64_indices():
+    from kernel import MLAVerifyWrapper
+
+    q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs([4, 2], [5000, 700], 16, True, seed=5)
+    scale = 1.0 / math.sqrt(192)
+    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale)
+    wrapper = MLAVerifyWrapper(q.device)
+    wrapper.plan(qo_indptr, kv_indptr, 16)
+    assert wrapper.path == "hopper"
+    for indices, path in ((kv_indices, "hopper"), (kv_indices.long(), "triton")):
+        out = wrapper.run(q, kv, indices, flat, scale)
+        assert wrapper.last_path == path
+        assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    forced = MLAVerifyWrapper(q.device, backend="hopper")
+    forced.plan(qo_indptr, kv_indptr, 16)
+    with pytest.raises(ValueError, match="int32 kv_indices"):
+        forced.run(q, kv, kv_indices.long(), flat, scale)
+    fp16 = MLAVerifyWrapper(q.device)
+    fp16.plan(qo_indptr, kv_indptr, 16, dtype=torch.float16)
+    assert fp16.path == "triton"

@@ -438,8 +438,30 @@ def test_build_aggregates_distinct_configs():
 
     stats = build.collect_stats(fake_compile_stats, BENCH_SHAPES)
     assert [(s["kernel"], s["config"]) for s in stats] == [("split", "M16"), ("combine", "R16"), ("split", "M64")]
-    assert build.aggregate(stats) == {"configs": 3, "spills": 48, "max_regs": 255, "max_shared_bytes": 64000}
+    assert build.aggregate(stats) == {"configs": 3, "spills": 48, "max_regs": 255, "max_shared_bytes": 64000,
+                                      "configs_triton": 3, "spills_triton": 48, "configs_hopper": 0, "spills_hopper": 0}
     assert "| split | M64 | 255 | 48 | 64000 |" in build.markdown_table(stats)
+
+
+def test_build_counts_spills_per_path():
+    stats = [{"kernel": "split", "config": "M64", "n_regs": 255, "n_spills": 8, "shared_bytes": 100, "path": "triton"},
+             {"kernel": "hopper", "config": "BN64_S2_sm90", "n_regs": 168, "n_spills": 4, "shared_bytes": 229924,
+              "path": "hopper"}]
+    metrics = build.aggregate(stats)
+    assert (metrics["spills"], metrics["spills_triton"], metrics["spills_hopper"]) == (12, 8, 4)
+    assert (metrics["configs"], metrics["configs_triton"], metrics["configs_hopper"]) == (2, 1, 1)
+    assert metrics["max_shared_bytes"] == 229924
+
+
+def test_build_picks_the_dispatched_hopper_variants(monkeypatch):
+    from kernel import hopper
+
+    seen = []
+    monkeypatch.setattr(build, "_hopper_variant_stats", lambda v, causal: seen.append((v, causal)) or
+                        {"kernel": v.describe(), "config": str(causal), "n_regs": 1, "n_spills": 0, "shared_bytes": 1})
+    stats = build.collect_stats(build.hopper_compile_stats, BENCH_SHAPES)
+    assert {v for v, _ in seen} == {hopper.KEYS_AS_M_VARIANT, hopper.DEFAULT_VARIANT}
+    assert len(stats) == 4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")

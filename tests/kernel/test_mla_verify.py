@@ -268,18 +268,26 @@ def test_use_cuda_graph_needs_a_graph_workspace():
         MLAVerifyWrapper(DEVICE, workspace=plain, use_cuda_graph=True)
 
 
+ON_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+
 @gpu_only
 @pytest.mark.gpu
-def test_cuda_graph_capture_then_replan_and_replay_gpu():
+@pytest.mark.parametrize("backend", ["triton", pytest.param("hopper", marks=pytest.mark.skipif(
+    not ON_SM90, reason="the Hopper path needs an sm_90 GPU"))])
+@pytest.mark.parametrize("heads,drafts", [(16, [8, 3, 1]), (16, [1, 1, 1])], ids=["64_row_tiles", "16_row_tiles"])
+def test_cuda_graph_capture_then_replan_and_replay_gpu(backend, heads, drafts):
     """flashinfer's recipe: warm up on a side stream, capture run() once, re-plan with new
-    lengths, poison the output, replay, compare with the reference."""
+    lengths, poison the output, replay, compare with the reference (each backend; the Hopper
+    path's graph-sized grids leave work items past the current plan to exit unwritten)."""
     from kernel import MLAVerifyWrapper
 
-    heads, drafts, max_len = 16, [8, 3, 1], 70000
-    workspace = MLAVerifyWrapper(DEVICE).allocate_workspace(
-        max_batch=3, max_draft=8, num_heads=heads, head_dim=576, v_head_dim=512, use_cuda_graph=True
+    max_len = 70000
+    workspace = MLAVerifyWrapper(DEVICE, backend=backend).allocate_workspace(
+        max_batch=3, max_draft=max(drafts), num_heads=heads, head_dim=576, v_head_dim=512, use_cuda_graph=True
     )
-    wrapper = MLAVerifyWrapper(DEVICE, workspace=workspace, use_cuda_graph=True)
+    assert workspace.backend == backend
+    wrapper = MLAVerifyWrapper(DEVICE, workspace=workspace, use_cuda_graph=True, backend=backend)
     first = make_inputs(drafts, [max_len, 5000, 30000], heads, 576, torch.bfloat16, tree=True, scattered=True,
                         seed=1, pool_extra=3 * max_len)
     q, kv, kv_indices, tree_mask = first["q"], first["kv"], first["kv_indices"], first["tree_mask"]
@@ -304,6 +312,7 @@ def test_cuda_graph_capture_then_replan_and_replay_gpu():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
+        assert wrapper.path == backend and wrapper.last_path == backend
         inp["kv_indices"] = kv_indices
         ref = reference(q, kv, inp["qo_indptr"], inp["kv_indptr"], kv_indices, inp["masks"], 1 / 24, 512)
         assert not torch.isnan(out).any()

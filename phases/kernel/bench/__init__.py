@@ -7,6 +7,8 @@
 - ``timing``: the timing harness (``do_bench`` medians, CUDA-graph replay, CUDA-event timing
   after an explicit L2 flush) and the planned serving-engine call that the benchmark times.
 - ``tune``: tile-configuration sweeps and the fixed-cost study (``python -m phases.kernel.bench.tune``).
+- ``hopper_check``: the H200 check of the Hopper path's variants against the Triton path and the
+  dispatched wrapper (``OUT=dir python -m phases.kernel.bench.hopper_check``).
 
 The gates (``phases.kernel.build``, ``verify``, ``benchmark``, ``warmup``) import from here;
 nothing here imports a gate.
