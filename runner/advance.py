@@ -23,6 +23,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner import checkpoint as checkpoints
 from runner.errors import ExitCode, GitError, ResultsError
 from runner.execute import ProgressFn
 from runner.gate import (
@@ -92,6 +93,9 @@ def advance(
     repo = CheckpointRepo(ws.root)
     _check_repo(repo, ws.root)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance", wait_s=wait_s):
+        found = checkpoints.recover(ws.root, plan_rel=ws.plan_rel, complete_tags=checkpoints.uncommitted_complete_tags(ws.root, ws.plan_rel))
+        if found.problems:
+            raise GitError("; ".join(found.problems))
         ws = ws.reload()  # the plan, HEAD and git state as they are now that we hold the lock
         phase = next_phase(ws.plan)
         if phase is None:
@@ -102,10 +106,13 @@ def advance(
         try:
             return _advance_locked(ws, phase, repo, base, results_path, machine, on_result, on_progress)
         except KeyboardInterrupt:
+            made = repo.tag_commit(f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
+            made = made if made is not None and made == repo.head() else None
+            done = f"interrupted after checkpoint {made[:12]} of {phase.id} was made" if made else None
             return AdvanceOutcome(
                 ExitCode.INTERRUPTED,
                 phase=phase.id,
-                messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
+                messages=[done or f"interrupted while running the gates of {phase.id}; the plan was not changed"],
             )
 
 
@@ -269,17 +276,13 @@ def _checkpoint(
         report=report.relative_to(ws.root).as_posix(),
         metrics=metrics,
     )
-    old_bytes = ws.plan_path.read_bytes()
-    _write_plan(ws, {phase.id: PhaseUpdate("complete", checkpoint)})
     paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(ws.root, phase.paths)]
     message = commit_message(ws.plan.id, phase, fingerprint, machine, gates, metrics)
-    try:
-        sha = repo.checkpoint(paths, message, tag, message.split("\n", 1)[0])
-    except BaseException as exc:
-        write_atomic(ws.plan_path, old_bytes.decode("utf-8"))
-        if isinstance(exc, GitError):
-            raise GitError(f"the checkpoint commit failed, so the plan was left as it was: {exc}") from exc
-        raise
+    sha = checkpoints.make_checkpoint(
+        ws.root, plan_rel=ws.plan_rel, plan_before=ws.doc.text.encode("utf-8"),
+        plan_text=checkpoints.plan_renderer(ws.plan_path, {phase.id: PhaseUpdate("complete", checkpoint)}),
+        paths=paths, message=message, tag=tag, tag_message=message.split("\n", 1)[0], expected_head=base,
+    )
     messages.append(f"{phase.id}: PASS; checkpoint {sha[:12]} tagged {tag}; report {checkpoint.report}")
     return AdvanceOutcome(
         ExitCode.OK, phase=phase.id, status="complete", report=report, commit=sha, tag=tag, messages=messages
@@ -295,20 +298,10 @@ def commit_message(
     metrics: dict[str, object],
 ) -> str:
     """``<plan>/<phase>: checkpoint (build PASS, ...)``, headline metrics, then the trailers."""
-    summary = ", ".join(f"{gate.name} {gate.outcome}" for gate in gates)
-    lines = [f"{plan_id}/{phase.id}: checkpoint ({summary})", ""]
-    if metrics:
-        lines += [f"{name}: {_metric_text(value)}" for name, value in metrics.items()]
-        lines.append("")
-    where = machine.gpu_name or "no GPU"
-    lines += [
-        f"Runner-Plan: {plan_id}",
-        f"Runner-Phase: {phase.id}",
-        f"Runner-Fingerprint: {fingerprint}",
-        f"Runner-Machine: {machine.fingerprint} ({where}, {machine.hostname})",
-        f"Runner-Gates: {', '.join(f'{gate.name}={gate.outcome}' for gate in gates)}",
-    ]
-    return "\n".join(lines) + "\n"
+    return checkpoints.commit_message(
+        plan_id, phase.id, fingerprint, machine.fingerprint, machine.gpu_name or "no GPU", machine.hostname,
+        [(gate.name, gate.outcome) for gate in gates], {name: _metric_text(value) for name, value in metrics.items()},
+    )
 
 
 def load_matching_results(ws: Workspace, phase: Phase, path: Path, fingerprint: str) -> ResultsFile:

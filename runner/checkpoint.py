@@ -347,7 +347,7 @@ def make_checkpoint(
         try:
             _git(root, "update-ref", "--stdin", "-m", f"runner checkpoint {tag}", input=transaction.encode())
         except GitError as exc:
-            raise GitError(f"publishing the checkpoint failed, nothing was changed: {exc}") from exc
+            raise GitError(f"the checkpoint commit failed, nothing was changed (the plan was left as it was): {exc}") from exc
         _step("index")
         committed = [plan_rel, *other]
         _reset_index(root, new, committed)
@@ -522,3 +522,49 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# --- plan helpers for the caller --------------------------------------------------------------
+
+
+def plan_renderer(plan_path: Path, updates: Mapping[str, object]) -> Callable[[bytes], str]:
+    """A ``plan_text`` for ``make_checkpoint``: parse the plan's current bytes and apply
+    ``updates`` (phase id -> ``PhaseUpdate``) to them, so edits made to the plan while the gates
+    ran are kept; a plan that no longer parses, or lost the phase, raises (a refusal)."""
+    from runner.planfile import decode_plan_bytes, parse_plan, plan_format
+    from runner.rewrite import render_updates
+
+    path = Path(plan_path)
+
+    def render(data: bytes) -> str:
+        doc = parse_plan(decode_plan_bytes(data, path), path=path, format=plan_format(path))
+        return render_updates(doc, dict(updates))
+
+    return render
+
+
+def uncommitted_complete_tags(root: Path, plan_rel: str) -> list[str]:
+    """The checkpoint tags of the phases the work-tree plan marks ``complete`` while the plan
+    committed at ``HEAD`` does not (what ``recover`` checks with ``complete_tags``). Empty when
+    either plan cannot be read or parsed (the normal plan checks report that)."""
+    from runner.errors import PlanError
+    from runner.planfile import decode_plan_bytes, parse_plan, plan_format
+
+    root = Path(root)
+    path = root / plan_rel
+
+    def complete(data: bytes) -> dict[str, str]:
+        doc = parse_plan(decode_plan_bytes(data, path), path=path, format=plan_format(path))
+        return {
+            phase.id: phase.checkpoint.tag
+            for phase in doc.plan.phases
+            if phase.status == "complete" and phase.checkpoint is not None
+        }
+
+    try:
+        work = complete(path.read_bytes())
+        committed_bytes = _blob(root, "HEAD", plan_rel)
+        committed = complete(committed_bytes) if committed_bytes is not None else {}
+    except (OSError, PlanError, GitError):
+        return []
+    return [tag for phase_id, tag in work.items() if phase_id not in committed]
