@@ -72,7 +72,9 @@ def read_bounded(path: Path, limit: int, *, what: str = "file", tail: bool = Fal
         os.close(fd)
 
 
-def parse_json(data: bytes | str, *, what: str = "file", max_depth: int = MAX_JSON_DEPTH) -> Any:
+def parse_json(
+    data: bytes | str, *, what: str = "file", max_depth: int = MAX_JSON_DEPTH, unique_keys: bool = False
+) -> Any:
     """``data`` parsed as JSON with the limits of the module docstring (``OutputError``)."""
     if isinstance(data, bytes):
         try:
@@ -85,7 +87,9 @@ def parse_json(data: bytes | str, *, what: str = "file", max_depth: int = MAX_JS
     if depth > max_depth:
         raise OutputError(f"{what} nests JSON {depth} levels deep, over the limit of {max_depth}")
     try:
-        value = json.loads(text, parse_int=_parse_int)
+        value = json.loads(text, parse_int=_parse_int, object_pairs_hook=_unique if unique_keys else None)
+    except _DuplicateKey as exc:
+        raise OutputError(f"{what} repeats the key {exc} in one object") from None
     except _IntTooBig as exc:
         raise OutputError(f"{what} holds an integer {exc}") from None
     except json.JSONDecodeError as exc:
@@ -137,6 +141,19 @@ def _plain_int(value: object) -> bool:
 
 class _IntTooBig(ValueError):
     pass
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(repr(key)[:80])
+        result[key] = value
+    return result
 
 
 def _parse_int(text: str) -> int:
