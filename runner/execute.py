@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import runner
 from runner import callgate, gateoutput
 from runner.gatelog import HEAD_BYTES, CappedLog, OutputPump
-from runner.procgroup import end_group
+from runner.procgroup import end_group, with_parent_death_signal
 from runner.results import GateResult
 from runner.verdict import judge
 
@@ -157,7 +157,7 @@ def run_gate(
         read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                argv,
+                with_parent_death_signal(argv),
                 cwd=repo_root,
                 env=child_env,
                 stdin=subprocess.DEVNULL,
