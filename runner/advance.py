@@ -103,6 +103,7 @@ def advance(
         if results_path is None:
             check_calls(ws.doc, phase, ws.root)
         base = _check_repo(repo, ws.root)
+        checkpoints.preflight(ws.root, tag=f"{ws.plan.id}/{phase.id}", expected_head=base)  # before any gate
         try:
             return _advance_locked(ws, phase, repo, base, results_path, machine, on_result, on_progress)
         except KeyboardInterrupt:

@@ -109,3 +109,29 @@ def test_plan_prose_edited_while_the_gates_ran_is_kept(tmp_path, runner_env):
     repo = make_repo(tmp_path / "repo", phases)
     cli(runner_env, repo.root, "advance")
     assert "human note" in repo.plan.read_text()
+
+
+def test_refusals_come_before_any_gate_runs(tmp_path, runner_env):
+    phases = default_phases()
+    phases[0]["gates"] = [gate("marker", "build", "touch ran.txt")]
+    for spoil, needle in (
+        (lambda repo: repo.git("config", "tag.gpgSign", "true"), "tag.gpgSign"),
+        (lambda repo: (repo.root / ".git" / "index.lock").write_text(""), "index.lock"),
+        (lambda repo: repo.git("tag", "demo/alpha"), "already exists"),
+    ):
+        repo = make_repo(tmp_path / needle.replace(".", "-"), phases)
+        spoil(repo)
+        result = cli(runner_env, repo.root, "advance")
+        assert result.exit_code == ExitCode.USAGE, result.text
+        assert needle in result.stderr and "Traceback" not in result.text
+        assert not (repo.root / "ran.txt").exists() and not (repo.root / "reports").exists()
+
+
+def test_phase_ids_that_are_not_tag_names_are_refused_before_any_gate(tmp_path, runner_env):
+    from runner.errors import GitError
+    import pytest
+
+    repo = make_repo(tmp_path / "repo")
+    for bad in ("a..b", "alpha.", "x.lock"):
+        with pytest.raises(GitError, match="not a valid git tag name"):
+            cp.preflight(repo.root, tag=f"demo/{bad}", expected_head=repo.head())
