@@ -418,7 +418,8 @@ def recover(root: Path, *, plan_rel: str, complete_tags: Iterable[str] = ()) -> 
     * ``HEAD`` is a checkpoint commit whose plan differs from the work tree's, and the work
       tree still holds the parent's plan bytes: the plan is written and the index entries of
       the commit's paths that still hold the parent's version are reset. A work-tree plan
-      that differs from both is someone's edit: reported, not touched.
+      that differs from both is someone's later edit, and a tag naming another commit a
+      rebased checkpoint: neither is touched.
     * ``complete_tags``: the tags of the phases the work-tree plan marks ``complete``; one
       that does not exist is reported (the plan claims a checkpoint that was never made).
     * Scratch index files of dead runners under the git dir are removed.
@@ -456,8 +457,25 @@ def recover(root: Path, *, plan_rel: str, complete_tags: Iterable[str] = ()) -> 
 def _recover_head(
     root: Path, head: str, raw: str, trailers: dict[str, str], plan_rel: str, found: Recovery
 ) -> None:
+    """Only the states a checkpoint passes through are touched: the work-tree plan equal to
+    the committed one (a tag may be missing) or to the parent's (not written yet). A plan
+    someone edited since, or a tag that names another commit (a rebased checkpoint), is
+    history, not a half-made checkpoint: left alone."""
     tag = f"{trailers['Runner-Plan']}/{trailers['Runner-Phase']}"
+    parent = _rev(root, f"{head}^1")
+    committed = _blob(root, head, plan_rel)
+    if committed is None:
+        return
+    try:
+        work: bytes | None = (root / plan_rel).read_bytes()
+    except FileNotFoundError:
+        work = None
+    before = _blob(root, parent, plan_rel) if parent else None
+    if work != committed and work != before:
+        return
     tagged = _rev(root, f"refs/tags/{tag}^{{commit}}")
+    if tagged is not None and tagged != head:
+        return
     if tagged is None:
         try:
             check_tag_name(root, tag)
@@ -466,39 +484,14 @@ def _recover_head(
             found.repaired.append(f"tagged checkpoint {head[:12]} {tag} (its tag was missing)")
         except GitError as exc:
             found.problems.append(f"checkpoint {head[:12]} has no tag {tag} and it could not be made: {exc}")
-    elif tagged != head:
-        found.problems.append(
-            f"HEAD {head[:12]} is a checkpoint of {tag}, but that tag names {tagged[:12]}; "
-            "check which commit is the phase's checkpoint"
-        )
-        return
-    parent = _rev(root, f"{head}^1")
-    committed = _blob(root, head, plan_rel)
-    if committed is None:
-        return
-    try:
-        work = (root / plan_rel).read_bytes()
-    except FileNotFoundError:
-        work = None
-    before = _blob(root, parent, plan_rel) if parent else None
-    if work == committed:
-        pass
-    elif work == before or (work is None and before is None):
+            return
+    if work != committed:
         _write_atomic(root / plan_rel, committed)
         found.repaired.append(f"wrote {plan_rel} as checkpoint {head[:12]} ({tag}) committed it")
-    else:
-        found.problems.append(
-            f"{plan_rel} differs from the one checkpoint {head[:12]} ({tag}) committed and from "
-            f"the one before it; keep your edits or take the committed plan (git checkout HEAD -- {plan_rel})"
-        )
-        return
     if parent is None:
         return
     changed = _out(root, "diff-tree", "-r", "--name-only", "--no-renames", "-z", parent, head).split("\0")
-    stale = []
-    for rel in filter(None, changed):
-        if _index_entry(root, rel) == _tree_entry(root, parent, rel):
-            stale.append(rel)
+    stale = [rel for rel in filter(None, changed) if _index_entry(root, rel) == _tree_entry(root, parent, rel)]
     if stale:
         _reset_index(root, head, stale)
         found.repaired.append(f"reset the index entries of {len(stale)} path(s) to checkpoint {head[:12]}")
