@@ -283,6 +283,7 @@ def _checkpoint(
         ws.root, plan_rel=ws.plan_rel, plan_before=ws.doc.text.encode("utf-8"),
         plan_text=checkpoints.plan_renderer(ws.plan_path, {phase.id: PhaseUpdate("complete", checkpoint)}),
         paths=paths, message=message, tag=tag, tag_message=message.split("\n", 1)[0], expected_head=base,
+        notes=messages,
     )
     messages.append(f"{phase.id}: PASS; checkpoint {sha[:12]} tagged {tag}; report {checkpoint.report}")
     return AdvanceOutcome(

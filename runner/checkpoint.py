@@ -285,6 +285,7 @@ def make_checkpoint(
     tag_message: str,
     expected_head: str,
     expected_branch: str | None = None,
+    notes: list[str] | None = None,
 ) -> str:
     """Commit ``plan_rel`` (as ``plan_text`` renders it) and ``paths`` (as they are in the work
     tree) on ``expected_head``, tag it ``tag`` and return the commit's sha (module docstring).
@@ -293,6 +294,9 @@ def make_checkpoint(
     returns the new plan text; it is called with the plan's bytes as they are now, so when
     someone edited the plan meanwhile it must merge the status into those bytes (re-parse and
     re-render) or raise to refuse. ``GitError`` for every refusal; nothing was changed then.
+    Once branch and tag are published nothing is raised: a problem updating the index (an
+    ``index.lock`` taken meanwhile) is a line appended to ``notes`` (when given), and the plan
+    is still written.
     """
     root = Path(root)
     _step("preflight")
@@ -350,7 +354,15 @@ def make_checkpoint(
             raise GitError(f"the checkpoint commit failed, nothing was changed (the plan was left as it was): {exc}") from exc
         _step("index")
         committed = [plan_rel, *other]
-        _reset_index(root, new, committed)
+        try:
+            _reset_index(root, new, committed)
+        except GitError as exc:  # e.g. an index.lock taken meanwhile: the checkpoint stands
+            if notes is not None:
+                notes.append(
+                    f"checkpoint {new[:12]} is committed and tagged {tag}, but the index entries of its "
+                    f"paths could not be updated ({exc}); the next advance updates them, or run "
+                    "git reset -q -- <paths>"
+                )
         _step("worktree")
         _write_atomic(plan_path, new_bytes)
         _step("done")

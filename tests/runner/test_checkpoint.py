@@ -183,6 +183,20 @@ def test_branch_moved_during_build_is_a_compare_and_swap_refusal(tmp_path):
     assert (root / PLAN).read_bytes() == BEFORE
 
 
+def test_index_lock_taken_after_publishing_is_a_note_not_a_failure(tmp_path):
+    root = new_repo(tmp_path / "r")
+    base = git(root, "rev-parse", "HEAD")
+    cp.set_fault_hook(lambda step: write(root, ".git/index.lock", "") if step == "index" else None)
+    notes: list[str] = []
+    sha = run_checkpoint(root, base, notes=notes)
+    assert sha == git(root, "rev-parse", "HEAD") == git(root, "rev-parse", f"{TAG}^{{commit}}")
+    assert (root / PLAN).read_bytes() == git(root, "show", f"HEAD:{PLAN}").encode() + b"\n"
+    assert len(notes) == 1 and "index" in notes[0]
+    (root / ".git" / "index.lock").unlink()
+    assert cp.recover(root, plan_rel=PLAN).problems == []
+    assert_complete(root, base)
+
+
 # --- interrupts -----------------------------------------------------------------------------
 
 
