@@ -15,6 +15,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from collections.abc import Container
 from typing import Any
 
 MAX_METRICS_BYTES = 1 << 20
@@ -217,3 +218,27 @@ def _kind(mode: int) -> str:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "not a regular file"
+
+
+MAX_STATUS_BYTES = 64 << 10
+
+
+def read_status(path: Path, valid: Container[str]) -> tuple[str, str] | None:
+    """The ``(status, message)`` a ``call:`` gate's child wrote to ``path`` (``status`` one of
+    ``valid``), or ``None`` when it wrote none or anything else (a FIFO, a link, garbage, a
+    huge file): the verdict then rests on the exit status. Never blocks."""
+    data, problem = read_json(path, MAX_STATUS_BYTES, what="status file")
+    if problem is not None or not isinstance(data, dict):
+        return None
+    status = data.get("status")
+    if not isinstance(status, str) or status not in valid:
+        return None
+    return status, one_line_text(data.get("message", ""))[:4000]
+
+
+def one_line_text(value: object) -> str:
+    """``str(value)``; a non-string is written as JSON-ish text, never raising."""
+    try:
+        return value if isinstance(value, str) else repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ cannot exist in parsed JSON, but be safe
+        return "<unprintable>"

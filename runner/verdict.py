@@ -38,7 +38,7 @@ def judge(
         "signal": sig_name,
         "artifacts": artifacts or {},
     }
-    status = callgate.read_status(files["status"]) if getattr(gate, "call", None) else None
+    status = gateoutput.read_status(files["status"], callgate.EXIT_CODES) if getattr(gate, "call", None) else None
 
     if timed_out:
         return result("FAIL", f"timed out after {timeout:g} s", **fields)

@@ -109,3 +109,27 @@ def test_progress_reads_the_last_good_line(tmp_path):
     assert gateoutput.read_progress(path) == (3, 5)
     path.write_text('{"done": 1' + "0" * 5000 + "}\n")
     assert gateoutput.read_progress(path) == (None, None)
+
+
+def test_status_file_replaced_by_a_fifo_does_not_hang_the_verdict(repo):
+    (repo / "evil_status.py").write_text(
+        "import os\n"
+        "def run():\n"
+        "    path = os.environ['%s']\n"
+        "    if os.path.exists(path):\n"
+        "        os.unlink(path)\n"
+        "    os.mkfifo(path)\n"
+        "    os._exit(0)\n" % __import__("runner.callgate", fromlist=["STATUS_ENV"]).STATUS_ENV
+    )
+    result = go(make_gate("s", "verify", call="evil_status:run", timeout=60), repo)
+    assert result.outcome in ("PASS", "FAIL", "ERROR")  # judged on its exit status; above all, it returned
+
+
+@pytest.mark.parametrize("content", [b'{"status": "raised", "message": "' + b"x" * (1 << 17) + b'"}',
+                                     b'{"status": ["raised"]}', b'{"status": "nonsense"}', b"[" * 100])
+def test_read_status_refuses_what_a_child_could_not_have_written(tmp_path, content):
+    path = tmp_path / "status.json"
+    path.write_bytes(content)
+    assert gateoutput.read_status(path, {"raised", "ok"}) is None
+    path.write_bytes(b'{"status": "raised", "message": {"a": 1}}')
+    assert gateoutput.read_status(path, {"raised"}) == ("raised", "{'a': 1}")
