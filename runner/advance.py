@@ -281,7 +281,7 @@ def _checkpoint(
     message = commit_message(ws.plan.id, phase, fingerprint, machine, gates, metrics)
     sha = checkpoints.make_checkpoint(
         ws.root, plan_rel=ws.plan_rel, plan_before=ws.doc.text.encode("utf-8"),
-        plan_text=checkpoints.plan_renderer(ws.plan_path, {phase.id: PhaseUpdate("complete", checkpoint)}),
+        plan_text=checkpoints.plan_renderer(ws.plan_path, {phase.id: PhaseUpdate("complete", checkpoint)}, ws.doc),
         paths=paths, message=message, tag=tag, tag_message=message.split("\n", 1)[0], expected_head=base,
         notes=messages,
     )

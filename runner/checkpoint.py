@@ -532,17 +532,34 @@ def _alive(pid: int) -> bool:
 # --- plan helpers for the caller --------------------------------------------------------------
 
 
-def plan_renderer(plan_path: Path, updates: Mapping[str, object]) -> Callable[[bytes], str]:
+def plan_renderer(
+    plan_path: Path, updates: Mapping[str, object], before: object | None = None
+) -> Callable[[bytes], str]:
     """A ``plan_text`` for ``make_checkpoint``: parse the plan's current bytes and apply
     ``updates`` (phase id -> ``PhaseUpdate``) to them, so edits made to the plan while the gates
-    ran are kept; a plan that no longer parses, or lost the phase, raises (a refusal)."""
+    ran are kept; a plan that no longer parses, or lost the phase, raises (a refusal). With
+    ``before`` (the ``PlanDocument`` the gates ran from), a phase whose ``gates`` or ``paths``
+    were edited meanwhile also raises: its gates are not the ones that passed."""
     from runner.planfile import decode_plan_bytes, parse_plan, plan_format
     from runner.rewrite import render_updates
 
     path = Path(plan_path)
 
+    def definition(doc: object, phase_id: str) -> object:
+        for phase in doc.plan.phases:  # type: ignore[attr-defined]
+            if phase.id == phase_id:
+                return phase.model_dump(include={"gates", "paths"})
+        return None
+
     def render(data: bytes) -> str:
         doc = parse_plan(decode_plan_bytes(data, path), path=path, format=plan_format(path))
+        if before is not None:
+            for phase_id in updates:
+                if definition(doc, phase_id) != definition(before, phase_id):
+                    raise ValueError(
+                        f"the gates or paths of phase {phase_id} were edited while its gates ran; "
+                        "run advance again so the edited gates are the ones checked"
+                    )
         return render_updates(doc, dict(updates))
 
     return render

@@ -135,3 +135,16 @@ def test_phase_ids_that_are_not_tag_names_are_refused_before_any_gate(tmp_path, 
     for bad in ("a..b", "alpha.", "x.lock"):
         with pytest.raises(GitError, match="not a valid git tag name"):
             cp.preflight(repo.root, tag=f"demo/{bad}", expected_head=repo.head())
+
+
+def test_gates_edited_in_the_plan_while_they_ran_are_refused(tmp_path, runner_env):
+    phases = default_phases()
+    edit = "import pathlib; p = pathlib.Path('plans/demo.md'); p.write_text(p.read_text().replace('>= 1.5', '>= 9.5'))"
+    phases[0]["gates"] = [gate("editor", "build", f"{PY} -c \"{edit}\""), phases[0]["gates"][1]]
+    repo = make_repo(tmp_path / "repo", phases)
+    base = repo.head()
+    result = cli(runner_env, repo.root, "advance")
+    assert result.exit_code == ExitCode.USAGE, result.text
+    assert "were edited while its gates ran" in result.stderr
+    assert repo.head() == base and repo.git("tag", "-l").strip() == ""
+    assert ">= 9.5" in repo.plan.read_text()  # the human's edit is kept
