@@ -6,8 +6,8 @@ on a tree whose fingerprint is taken before and after; the evidence goes to
 
 * every gate passed and the tree did not change: the phase becomes ``complete`` with its
   checkpoint record, and one commit (tagged ``<plan>/<phase>``) holds the plan file, the run's
-  report folder and the phase's ``paths``. If the commit fails the plan file gets its previous
-  bytes back.
+  report folder and the phase's ``paths``. The plan file is written only once the commit and
+  its tag are published (``runner.checkpoint``); a refused or failed commit leaves it as it was.
 * a gate failed or errored, or the tree changed under the gates: ``failed``, no commit.
 * a gate needs a device this machine lacks: ``blocked``, no commit, and a message saying how
   to finish the phase on another machine.
@@ -93,7 +93,8 @@ def advance(
     repo = CheckpointRepo(ws.root)
     _check_repo(repo, ws.root)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance", wait_s=wait_s):
-        found = checkpoints.recover(ws.root, plan_rel=ws.plan_rel, complete_tags=checkpoints.uncommitted_complete_tags(ws.root, ws.plan_rel))
+        claimed = checkpoints.uncommitted_complete_tags(ws.root, ws.plan_rel)
+        found = checkpoints.recover(ws.root, plan_rel=ws.plan_rel, complete_tags=claimed)  # a killed run's leftovers
         if found.problems:
             raise GitError("; ".join(found.problems))
         ws = ws.reload()  # the plan, HEAD and git state as they are now that we hold the lock
