@@ -309,6 +309,14 @@ def make_checkpoint(
             f"(restore it with git checkout -- {plan_rel})"
         ) from None
     preflight(root, tag=tag, expected_head=expected_head, expected_branch=expected_branch)
+    real = Path(os.path.realpath(plan_path))
+    try:  # a plan that is a symbolic link: its target is what changes and is committed
+        commit_rel = real.relative_to(Path(os.path.realpath(root))).as_posix()
+    except ValueError:
+        raise GitError(
+            f"the plan {plan_rel} is a symbolic link to {real}, outside the repository; the "
+            "checkpoint could not commit it: keep the plan inside the repository"
+        ) from None
     try:
         new_text = plan_text(current)
     except Exception as exc:  # noqa: BLE001 - reported as a refusal
@@ -316,7 +324,7 @@ def make_checkpoint(
         raise GitError(f"cannot record the checkpoint in {plan_rel}{edited}: {exc}") from exc
     new_bytes = new_text.encode("utf-8")
     branch = expected_branch or _branch(root) or ""
-    other = [p for p in (str(p) for p in paths) if p != plan_rel]
+    other = [p for p in (str(p) for p in paths) if p not in (plan_rel, commit_rel)]
     git_dir = _git_dir(root)
     stamp = f"{os.getpid()}-{uuid.uuid4().hex}"
     index = git_dir / f"runner-index-{stamp}"
@@ -330,7 +338,7 @@ def make_checkpoint(
             if other:
                 _git(root, "add", "-A", "--", *other, env=scratch)
             mode = _plan_mode(root, plan_path)
-            _git(root, "update-index", "--add", "--cacheinfo", f"{mode},{blob},{plan_rel}", env=scratch)
+            _git(root, "update-index", "--add", "--cacheinfo", f"{mode},{blob},{commit_rel}", env=scratch)
             tree = _out(root, "write-tree", env=scratch)
         finally:
             for path in (index, index.with_name(index.name + ".lock")):
@@ -353,7 +361,7 @@ def make_checkpoint(
         except GitError as exc:
             raise GitError(f"the checkpoint commit failed, nothing was changed (the plan was left as it was): {exc}") from exc
         _step("index")
-        committed = [plan_rel, *other]
+        committed = [commit_rel, *other]
         try:
             _reset_index(root, new, committed)
         except GitError as exc:  # e.g. an index.lock taken meanwhile: the checkpoint stands

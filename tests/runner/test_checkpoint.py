@@ -197,6 +197,33 @@ def test_index_lock_taken_after_publishing_is_a_note_not_a_failure(tmp_path):
     assert_complete(root, base)
 
 
+def test_plan_that_is_a_symbolic_link_commits_its_target(tmp_path):
+    root = new_repo(tmp_path / "r")
+    (root / "plans" / "real.md").write_bytes(BEFORE)
+    (root / PLAN).unlink()
+    (root / PLAN).symlink_to("real.md")
+    git(root, "add", "-A", "plans")
+    git(root, "commit", "-qm", "plan is a link")
+    base = git(root, "rev-parse", "HEAD")
+    run_checkpoint(root, base, paths=[PLAN])
+    assert (root / PLAN).is_symlink()
+    assert git(root, "show", "HEAD:plans/real.md").startswith("---") and "complete" in git(root, "show", "HEAD:plans/real.md")
+    assert git(root, "ls-tree", "HEAD", PLAN).split()[0] == "120000"
+    assert git(root, "status", "--porcelain=v1", "--", "plans") == ""
+
+
+def test_plan_linked_outside_the_repository_is_refused(tmp_path):
+    root = new_repo(tmp_path / "r")
+    outside = tmp_path / "elsewhere.md"
+    outside.write_bytes(BEFORE)
+    (root / PLAN).unlink()
+    (root / PLAN).symlink_to(outside)
+    base = git(root, "rev-parse", "HEAD")
+    with pytest.raises(GitError, match="outside the repository"):
+        run_checkpoint(root, base)
+    assert outside.read_bytes() == BEFORE
+
+
 # --- interrupts -----------------------------------------------------------------------------
 
 
