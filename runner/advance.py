@@ -50,7 +50,7 @@ from runner.report import (
     utc_now,
     write_report,
 )
-from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds
+from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds, plan_problems
 from runner.rewrite import PhaseUpdate, render_updates, write_atomic
 from runner.schema import Checkpoint, Phase, PhaseStatus
 
@@ -328,7 +328,7 @@ def load_matching_results(ws: Workspace, phase: Phase, path: Path, fingerprint: 
             f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
         )
     recorded = {gate.name: gate for gate in _phase_gates(results, phase.id)}
-    problems: list[str] = []
+    problems: list[str] = plan_problems(_phase_gates(results, phase.id), phase.gates)
     for gate in phase.gates:
         result = recorded.get(gate.name)
         if result is None:

@@ -190,6 +190,25 @@ def consistency_problems(results: ResultsFile) -> list[str]:
     return problems
 
 
+def plan_problems(gates: Iterable[GateResult], planned: Iterable[object]) -> list[str]:
+    """How recorded ``gates`` differ from the phase's ``planned`` gates (anything with ``name``
+    and ``kind``), apart from missing ones (reported by the caller): a gate the plan does not
+    have, a gate recorded with another kind than the plan gives it, or gates in another order."""
+    plan = {getattr(gate, "name"): getattr(gate, "kind") for gate in planned}
+    problems = []
+    recorded = list(gates)
+    for gate in recorded:
+        if gate.name not in plan:
+            problems.append(f"gate {gate.name!r} is not a gate of this phase in the plan")
+        elif gate.kind != plan[gate.name]:
+            problems.append(f"gate {gate.name!r} is recorded as {gate.kind}, the plan says {plan[gate.name]}")
+    order = [gate.name for gate in recorded if gate.name in plan]
+    expected = [name for name in plan if name in order]
+    if order != expected:
+        problems.append(f"gates recorded in the order {', '.join(order)}, not the plan's {', '.join(expected)}")
+    return problems
+
+
 def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:
     """Outcome of a group of gates: FAIL > ERROR > BLOCKED > PASS.
 

@@ -126,3 +126,37 @@ def test_invalid_utf8_is_refused(tmp_path):
     path.write_bytes(_text(good()).replace('"r1"', '"r\\u0031"').encode().replace(b"test", b"t\xffst"))
     with pytest.raises(ResultsError, match="UTF-8"):
         ResultsFile.load(path)
+
+
+# --- against the plan (advance --results) -----------------------------------------------------
+
+from tests.runner.repo_fixtures import cli, runner_env  # noqa: E402,F401 - fixture
+from tests.runner.test_advance import edit_results, gpu_results  # noqa: E402,F401 - fixture
+
+
+def _extra_gate(phase):
+    extra = copy.deepcopy(phase["gates"][0])
+    extra["name"] = "smuggled"
+    phase["gates"].append(extra)
+
+
+def _swap(phase):
+    phase["gates"].reverse()
+
+
+def _rekind(phase):
+    phase["gates"][0]["kind"] = "benchmark"
+
+
+@pytest.mark.parametrize("change, needle", [
+    (_extra_gate, "'smuggled' is not a gate of this phase"),
+    (_rekind, "recorded as benchmark"),
+    (_swap, "not the plan's"),
+])
+def test_results_that_do_not_match_the_plans_gates_are_refused(gpu_results, runner_env, change, needle):
+    repo, results = gpu_results
+    edit_results(results, change)
+    result = cli(runner_env, repo.root, "advance", "--results", str(results))
+    assert result.exit_code == 2, result.text
+    assert needle in result.stderr and "Traceback" not in result.text
+    assert repo.commit_count() == 1
