@@ -6,8 +6,8 @@ on a tree whose fingerprint is taken before and after; the evidence goes to
 
 * every gate passed and the tree did not change: the phase becomes ``complete`` with its
   checkpoint record, and one commit (tagged ``<plan>/<phase>``) holds the plan file, the run's
-  report folder and the phase's ``paths``. If the commit fails the plan file gets its previous
-  bytes back.
+  report folder and the phase's ``paths``. The plan file is written only once the commit and
+  its tag are published (``runner.checkpoint``); a refused or failed commit leaves it as it was.
 * a gate failed or errored, or the tree changed under the gates: ``failed``, no commit.
 * a gate needs a device this machine lacks: ``blocked``, no commit, and a message saying how
   to finish the phase on another machine.
@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner import checkpoint as checkpoints
 from runner import machine as machine_probe
 from runner.errors import ExitCode, GitError, ResultsError
 from runner.execute import ProgressFn
@@ -32,7 +33,7 @@ from runner.machine import MachineInfo
 from runner.planning import GateStep, next_phase, plan_run
 from runner.preflight import check_calls
 from runner.report import ReportContext, headline_metrics, write_report
-from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds
+from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds, plan_problems
 from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
 from runner.runs import (
     ResultFn,
@@ -85,6 +86,10 @@ def advance(
     repo = CheckpointRepo(ws.root)
     _check_repo(repo, ws.root)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance", wait_s=wait_s):
+        claimed = checkpoints.uncommitted_complete_tags(ws.root, ws.plan_rel)
+        found = checkpoints.recover(ws.root, plan_rel=ws.plan_rel, complete_tags=claimed)  # a killed run's leftovers
+        if found.problems:
+            raise GitError("; ".join(found.problems))
         ws = ws.reload()  # the plan, HEAD and git state as they are now that we hold the lock
         phase = next_phase(ws.plan)
         if phase is None:
@@ -92,13 +97,17 @@ def advance(
         if results_path is None:
             check_calls(ws.doc, phase, ws.root)
         base = _check_repo(repo, ws.root)
+        checkpoints.preflight(ws.root, tag=f"{ws.plan.id}/{phase.id}", expected_head=base)  # before any gate
         try:
             return _advance_locked(ws, phase, repo, base, results_path, machine, on_result, on_progress)
         except KeyboardInterrupt:
+            made = repo.tag_commit(f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
+            made = made if made is not None and made == repo.head() else None
+            done = f"interrupted after checkpoint {made[:12]} of {phase.id} was made" if made else None
             return AdvanceOutcome(
                 ExitCode.INTERRUPTED,
                 phase=phase.id,
-                messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
+                messages=[done or f"interrupted while running the gates of {phase.id}; the plan was not changed"],
             )
 
 
@@ -239,17 +248,14 @@ def _checkpoint(
         report=report.relative_to(ws.root).as_posix(),
         metrics=metrics,
     )
-    old_bytes = ws.plan_path.read_bytes()
-    _write_plan(ws, {phase.id: PhaseUpdate("complete", checkpoint)})
     paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(repo, phase.paths)]
     message = commit_message(ws.plan.id, phase, fingerprint, machine, gates, metrics)
-    try:
-        sha = repo.checkpoint(paths, message, tag, message.split("\n", 1)[0])
-    except BaseException as exc:
-        write_plan_text(ws.plan_path, old_bytes.decode("utf-8"))
-        if isinstance(exc, GitError):
-            raise GitError(f"the checkpoint commit failed, so the plan was left as it was: {exc}") from exc
-        raise
+    sha = checkpoints.make_checkpoint(
+        ws.root, plan_rel=ws.plan_rel, plan_before=ws.doc.text.encode("utf-8"),
+        plan_text=checkpoints.plan_renderer(ws.plan_path, {phase.id: PhaseUpdate("complete", checkpoint)}, ws.doc),
+        paths=paths, message=message, tag=tag, tag_message=message.split("\n", 1)[0], expected_head=base,
+        notes=messages,
+    )
     messages.append(f"{phase.id}: PASS; checkpoint {sha[:12]} tagged {tag}; report {checkpoint.report}")
     return AdvanceOutcome(
         ExitCode.OK, phase=phase.id, status="complete", report=report, commit=sha, tag=tag, messages=messages
@@ -265,20 +271,11 @@ def commit_message(
     metrics: dict[str, object],
 ) -> str:
     """``<plan>/<phase>: checkpoint (build PASS, ...)``, headline metrics, then the trailers."""
-    summary = ", ".join(f"{gate.name} {gate.outcome}" for gate in gates)
-    lines = [f"{plan_id}/{phase.id}: checkpoint ({summary})", ""]
-    if metrics:
-        lines += [f"{name}: {format_metric(value, digits=6)}" for name, value in metrics.items()]
-        lines.append("")
-    where = machine.gpu_name or "no GPU"
-    lines += [
-        f"Runner-Plan: {plan_id}",
-        f"Runner-Phase: {phase.id}",
-        f"Runner-Fingerprint: {fingerprint}",
-        f"Runner-Machine: {machine.fingerprint} ({where}, {machine.hostname})",
-        f"Runner-Gates: {', '.join(f'{gate.name}={gate.outcome}' for gate in gates)}",
-    ]
-    return "\n".join(lines) + "\n"
+    return checkpoints.commit_message(
+        plan_id, phase.id, fingerprint, machine.fingerprint, machine.gpu_name or "no GPU", machine.hostname,
+        [(gate.name, gate.outcome) for gate in gates],
+        {name: format_metric(value, digits=6) for name, value in metrics.items()},
+    )
 
 
 def load_matching_results(ws: Workspace, phase: Phase, path: Path, fingerprint: str) -> ResultsFile:
@@ -302,7 +299,7 @@ def load_matching_results(ws: Workspace, phase: Phase, path: Path, fingerprint: 
             f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
         )
     recorded = {gate.name: gate for gate in results.phase(phase.id).gates}
-    problems: list[str] = []
+    problems: list[str] = plan_problems(results.phase(phase.id).gates, phase.gates)
     for gate in phase.gates:
         result = recorded.get(gate.name)
         if result is None:

@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import runner
+from runner import gateoutput
 from runner.gatelog import HEAD_BYTES, CappedLog, OutputPump
-from runner.procgroup import end_group
+from runner.procgroup import end_group, with_parent_death_signal
 from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
 from runner.results import GateResult
 from runner.timeutil import iso_ms
@@ -149,7 +150,7 @@ def run_gate(
         read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                argv,
+                with_parent_death_signal(argv),
                 cwd=repo_root,
                 env=child_env,
                 stdin=subprocess.DEVNULL,
@@ -319,24 +320,7 @@ def _wait(
 
 def _read_progress(path: Path) -> tuple[int | None, int | None]:
     """The last well-formed ``{"done": n, "total": m}`` line of the progress file."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 4096))
-            lines = handle.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return None, None
-    for line in reversed(lines):
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            done, total = data.get("done"), data.get("total")
-            if isinstance(done, int) and not isinstance(done, bool):
-                return done, total if isinstance(total, int) and not isinstance(total, bool) else None
-    return None, None
+    return gateoutput.read_progress(path)
 
 
 def _read_artifacts(folder: Path, log) -> dict[str, str]:
@@ -366,10 +350,11 @@ def _read_artifacts(folder: Path, log) -> dict[str, str]:
                 if size > MAX_ARTIFACT_BYTES:
                     skip = f"{size} bytes, over the {MAX_ARTIFACT_BYTES}-byte limit"
                 else:
-                    artifacts[entry.name] = Path(entry.path).read_bytes().decode("utf-8")
+                    data = gateoutput.read_bounded(Path(entry.path), MAX_ARTIFACT_BYTES, what="artifact")
+                    artifacts[entry.name] = (data or b"").decode("utf-8")
             except UnicodeDecodeError:
                 skip = "not UTF-8 text"
-            except OSError as exc:
+            except (OSError, gateoutput.OutputError) as exc:
                 skip = f"unreadable ({exc})"
         if skip is not None:
             _note(log, f"artifact {entry.name!r} skipped: {skip}")

@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from runner import checkpoint
 from runner.planfile import load_plan
 from tests.runner.gate_helpers import group_alive
 from tests.runner.repo_fixtures import (
@@ -96,6 +97,12 @@ def _check_consistent(root: Path, base: str, old_plan: bytes) -> None:
     if head != base:
         assert _git(root, "rev-parse", "HEAD~1").stdout.strip() == base
         assert "Runner-Phase: alpha" in _git(root, "log", "-1", "--format=%B").stdout
+        assert _git(root, "rev-parse", "demo/alpha^{commit}").stdout.strip() == head  # with its tag
+        if now == old_plan:  # killed after publishing, before the plan was written: recover ends it
+            found = checkpoint.recover(root, plan_rel="plans/demo.md")
+            assert found.problems == [], found
+            now = plan.read_bytes()
+            assert _git(root, "diff", "--cached", "--", "plans").stdout == ""
         assert _git(root, "show", "HEAD:plans/demo.md").stdout.encode() == now
         assert load_plan(plan).plan.phase("alpha").status == "complete"
 
