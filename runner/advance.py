@@ -97,9 +97,14 @@ def advance(
         if results_path is None:
             check_calls(ws.doc, phase, ws.root)
         base = _check_repo(repo, ws.root)
-        checkpoints.preflight(ws.root, tag=f"{ws.plan.id}/{phase.id}", expected_head=base)  # before any gate
+        branch = checkpoints.current_branch(ws.root)  # the checkpoint lands here, or nowhere
+        checkpoints.preflight(  # before any gate
+            ws.root, tag=f"{ws.plan.id}/{phase.id}", expected_head=base, expected_branch=branch
+        )
         try:
-            return _advance_locked(ws, phase, repo, base, results_path, machine, on_result, on_progress)
+            return _advance_locked(
+                ws, phase, repo, base, branch, results_path, machine, on_result, on_progress
+            )
         except KeyboardInterrupt:
             made = repo.tag_commit(f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
             made = made if made is not None and made == repo.head() else None
@@ -164,6 +169,7 @@ def _advance_locked(
     phase: Phase,
     repo: CheckpointRepo,
     base: str,
+    branch: str | None,
     results_path: Path | None,
     machine: MachineInfo | None,
     on_result: ResultFn | None,
@@ -223,7 +229,9 @@ def _advance_locked(
         return AdvanceOutcome(
             exit_code_for(outcome), phase=phase.id, status=status, report=report, messages=messages
         )
-    return _checkpoint(ws, phase, repo, base, fingerprint, run.machine, gates, run.run_dir, report, messages)
+    return _checkpoint(
+        ws, phase, repo, base, branch, fingerprint, run.machine, gates, run.run_dir, report, messages
+    )
 
 
 def _checkpoint(
@@ -231,6 +239,7 @@ def _checkpoint(
     phase: Phase,
     repo: CheckpointRepo,
     base: str,
+    branch: str | None,
     fingerprint: str,
     machine: MachineInfo,
     gates: list[GateResult],
@@ -254,7 +263,7 @@ def _checkpoint(
         ws.root, plan_rel=ws.plan_rel, plan_before=ws.doc.text.encode("utf-8"),
         plan_text=checkpoints.plan_renderer(ws.plan_path, {phase.id: PhaseUpdate("complete", checkpoint)}, ws.doc),
         paths=paths, message=message, tag=tag, tag_message=message.split("\n", 1)[0], expected_head=base,
-        notes=messages,
+        expected_branch=branch, notes=messages,
     )
     messages.append(f"{phase.id}: PASS; checkpoint {sha[:12]} tagged {tag}; report {checkpoint.report}")
     return AdvanceOutcome(

@@ -165,6 +165,11 @@ def _git_dir(root: Path) -> Path:
     return Path(root, _out(root, "rev-parse", "--git-dir")).resolve()
 
 
+def current_branch(root: Path) -> str | None:
+    """The full ref ``HEAD`` points to (``refs/heads/main``), ``None`` when detached."""
+    return _branch(root)
+
+
 def _branch(root: Path) -> str | None:
     proc = _git(root, "symbolic-ref", "-q", "HEAD", check=False)
     return proc.stdout.decode().strip() or None if proc.returncode == 0 else None

@@ -149,3 +149,17 @@ def test_gates_edited_in_the_plan_while_they_ran_are_refused(tmp_path, runner_en
     assert "were edited while its gates ran" in result.stderr
     assert repo.head() == base and repo.git("tag", "-l").strip() == ""
     assert ">= 9.5" in repo.plan.read_text()  # the human's edit is kept
+
+
+def test_branch_switched_while_the_gates_ran_is_refused(tmp_path, runner_env):
+    """HEAD names the same commit on another branch: the checkpoint must not land there."""
+    phases = default_phases()
+    phases[0]["gates"][0] = gate("build", "build", "git switch -q -c elsewhere")
+    repo = make_repo(tmp_path / "repo", phases)
+    base = repo.head()
+    result = cli(runner_env, repo.root, "advance")
+    assert result.exit_code == ExitCode.USAGE, result.text
+    assert "branch changed" in result.stderr and "Traceback" not in result.text
+    assert repo.git("rev-parse", "main").strip() == base
+    assert repo.git("rev-parse", "elsewhere").strip() == base
+    assert repo.git("tag", "-l").strip() == ""
