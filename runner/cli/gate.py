@@ -11,7 +11,6 @@ from runner.cli._common import PLAN_HELP, GateOutput, domain_errors
 from runner.gate import check_phases
 from runner.runs import interrupt_on_sigterm
 from runner.workspace import open_workspace
-from runner.junit import write_empty_junit
 
 
 def gate(
@@ -71,9 +70,6 @@ def gate(
                 on_progress=output.on_progress,
                 keep_going=keep_going,
             )
-    if junit is not None and check.results is None and check.exit_code == 0:  # nothing ran: an empty report
-        with domain_errors():
-            write_empty_junit(junit, ws.plan.id)
     for line in check.messages:
         typer.echo(line, err=check.exit_code != 0)
     if check.results is not None:
