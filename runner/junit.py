@@ -11,7 +11,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from runner.report import MARKDOWN_FILTERS, format_metric
+from runner.formatting import MARKDOWN_FILTERS, format_metric
 from runner.results import GateResult, ResultsFile
 from runner.templating import template_env
 

@@ -24,3 +24,26 @@ def test_empty_junit_xml_escapes_the_plan_id():
 
     root = ET.fromstring(empty_junit_xml('a"<b>&c').split("\n", 1)[1])
     assert root.get("name") == 'runner gate a"<b>&c' and root.get("tests") == "0"
+
+
+def test_check_phases_itself_writes_the_empty_report(tmp_path):
+    """The use case, not only the command line, keeps the promise (other front ends call it)."""
+    from runner.gate import check_phases
+    from runner.workspace import open_workspace
+
+    repo = make_repo(tmp_path / "repo")
+    junit = tmp_path / "ci" / "junit.xml"
+    check = check_phases(open_workspace(repo.plan), completed=True, junit=junit)
+    assert check.results is None and check.exit_code == 0
+    assert JUnitXml.fromfile(str(junit)).tests == 0
+
+
+def test_junit_does_not_import_the_report_module():
+    import ast
+    from pathlib import Path
+
+    import runner.junit
+
+    tree = ast.parse(Path(runner.junit.__file__).read_text())
+    modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "runner.report" not in modules and "runner.formatting" in modules
