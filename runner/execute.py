@@ -29,6 +29,7 @@ ends the group and is re-raised.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -51,6 +52,7 @@ from runner.timeutil import iso_ms
 from runner.verdict import Verdict, judge
 
 LOG_TAIL_LINES = 60
+MAX_ARTIFACT_ENTRIES = 10 * MAX_ARTIFACTS  # directory entries looked at, at most
 LOG_TAIL_BYTES = 8 * 1024
 _PROGRESS_POLL_S = 0.25  # how often a running gate's progress file is read
 
@@ -332,10 +334,16 @@ def _read_artifacts(folder: Path, log) -> dict[str, str]:
     """
     artifacts: dict[str, str] = {}
     try:
-        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        with os.scandir(folder) as listing:  # a gate that leaves a million files costs no more
+            entries = list(itertools.islice(listing, MAX_ARTIFACT_ENTRIES + 1))
     except OSError as exc:
         _note(log, f"could not list the artifacts folder: {exc}")
         return artifacts
+    if len(entries) > MAX_ARTIFACT_ENTRIES:
+        entries = entries[:MAX_ARTIFACT_ENTRIES]
+        _note(log, f"the artifacts folder holds more than {MAX_ARTIFACT_ENTRIES} entries; only "
+                   f"{MAX_ARTIFACT_ENTRIES} were looked at")
+    entries.sort(key=lambda entry: entry.name)
     for entry in entries:
         skip = None
         if not entry.is_file(follow_symlinks=False):

@@ -134,3 +134,41 @@ def test_read_status_refuses_what_a_child_could_not_have_written(tmp_path, conte
     assert gateoutput.read_status(path, {"raised", "ok"}) is None
     path.write_bytes(b'{"status": "raised", "message": {"a": 1}}')
     assert gateoutput.read_status(path, {"raised"}) == ("raised", "{'a': 1}")
+
+
+def test_artifact_listing_reads_a_bounded_number_of_entries(tmp_path, monkeypatch):
+    from runner import execute
+
+    folder = tmp_path / "artifacts"
+    folder.mkdir()
+    for i in range(execute.MAX_ARTIFACT_ENTRIES * 3):
+        (folder / f"f{i:05d}").write_text("x")
+    pulled = []
+    real_scandir = os.scandir
+
+    class Counting:
+        def __init__(self, path):
+            self.inner = real_scandir(path)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.inner.close()
+
+        def __iter__(self):
+            for entry in self.inner:
+                pulled.append(entry.name)
+                yield entry
+
+    monkeypatch.setattr(execute.os, "scandir", Counting)
+    notes = []
+
+    class Log:
+        def write(self, data):
+            notes.append(data.decode())
+
+    artifacts = execute._read_artifacts(folder, Log())
+    assert len(pulled) <= execute.MAX_ARTIFACT_ENTRIES + 1
+    assert len(artifacts) == 20
+    assert any("more than" in note for note in notes)
