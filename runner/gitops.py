@@ -63,14 +63,6 @@ class CheckpointRepo:
         with self._repo() as repo:
             return _rev(repo, "HEAD")
 
-    def branch(self) -> str | None:
-        """The full ref ``HEAD`` points to (``refs/heads/main``), ``None`` when detached."""
-        with self._repo() as repo:
-            try:
-                return repo.git.symbolic_ref("-q", "HEAD")
-            except git.GitCommandError:
-                return None
-
     def tag_commit(self, tag: str) -> str | None:
         """The commit the tag ``tag`` names, or ``None`` when there is no such tag."""
         with self._repo() as repo:

@@ -26,10 +26,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
 from runner.errors import LockHeldError
+from runner.timeutil import iso_time, utc_now
 
 STALE_UNREADABLE_S = 5.0
 POLL_S = 0.2
@@ -179,7 +179,7 @@ def _replace_if_unchanged(path: Path, raw: str, payload: str, token: str) -> boo
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return iso_time(utc_now())
 
 
 def _release(path: Path, token: str) -> None:
