@@ -18,7 +18,7 @@ from tests.runner.gate_helpers import pid_alive
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
 
-def _wait_until(predicate, seconds: float = 20.0) -> bool:
+def _wait_until(predicate, seconds: float = 300.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
