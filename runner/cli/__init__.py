@@ -9,10 +9,15 @@ and an exit code (see ``runner.errors.ExitCode``).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+import runner
 from runner.cli import advance, diff, gate, history, init, report, status
-from runner.cli._common import EXIT_CODES_EPILOG
+from runner.cli._common import EXIT_CODES_EPILOG, plain_help
+
+plain_help()
 
 app = typer.Typer(
     name="runner",
@@ -22,7 +27,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(runner.TOOL)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Drive a phase-gated plan: run each phase's gates, record the evidence, checkpoint on a pass."""
 
 app.command("status", epilog=EXIT_CODES_EPILOG)(status.status)
 app.command("advance", epilog=EXIT_CODES_EPILOG)(advance.advance)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
@@ -84,3 +85,34 @@ class GateOutput:
         line.append(result.outcome, style=f"bold {style}")
         line.append(f" in {result.duration_s:.1f} s: {result.reason}")
         self.console.print(line)
+
+
+def plain_help() -> None:
+    """Help in the words of the command line, not of the framework: argument usage as
+    ``PHASE``/``[PHASE]...`` (not ``{PHASE}``), no ``<list[str]>`` after arguments, and option
+    values as ``PATH``/``FLOAT`` (not ``<path>``) where no metavar is given."""
+    from typer import core
+
+    if getattr(core.TyperArgument, "_runner_plain", False):
+        return
+    option_type = core.TyperOption.display_type_rich
+
+    def argument_usage(self) -> str:
+        name = self.display_name_raw
+        if self.metavar is None:
+            name = name.upper()
+        if name.startswith("[") or name.endswith("..."):
+            return name
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    def option_display(self, ctx):
+        text = option_type(self, ctx)
+        if text and "<" in text:
+            text = re.sub(r"<([^>]*)>", lambda m: re.sub(r"\W", "", m.group(1)).upper() or "VALUE", text)
+        return text
+
+    core.TyperArgument.display_type_rich = lambda self, ctx: None
+    core.TyperArgument._usage_display_name = argument_usage
+    core.TyperOption.display_type_rich = option_display
+    core.TyperArgument._runner_plain = True

@@ -13,11 +13,11 @@ from runner.workspace import open_workspace
 
 
 def advance(
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     results: Annotated[
         Path | None,
         typer.Option(
-            "--results",
+            "--results", metavar="FILE",
             help="Checkpoint results written by `runner gate PHASE --out FILE` on another machine "
             "instead of running the gates here.",
         ),

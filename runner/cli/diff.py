@@ -21,7 +21,7 @@ REF_HELP = "A run id (or its start), a results.json or run folder path, or a PLA
 def diff(
     old: Annotated[str, typer.Argument(help=f"The baseline. {REF_HELP}", metavar="A")],
     new: Annotated[str, typer.Argument(help=f"The run to judge. {REF_HELP}", metavar="B")],
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     show_all: Annotated[
         bool,
         typer.Option("--all", help="List every metric (default: metrics with a threshold, and real changes)."),

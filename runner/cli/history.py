@@ -18,9 +18,9 @@ from runner.workspace import open_workspace
 
 def history(
     phase: Annotated[
-        str | None, typer.Argument(help="Only this phase's runs and checkpoint.", show_default=False)
+        str | None, typer.Argument(help="Only this phase's runs and checkpoint.", metavar="[PHASE]", show_default=False)
     ] = None,
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List the runs of the plan (oldest first: run id, time, outcome, machine, fingerprints)

@@ -19,7 +19,7 @@ from runner.workspace import Workspace, open_workspace
 
 
 def status(
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Show each phase's status, last checkpoint and headline metrics, and the next phase."""
