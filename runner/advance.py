@@ -39,6 +39,7 @@ from runner.report import ReportContext, RunMeta, headline_metrics, write_report
 from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds, plan_problems
 from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
 from runner.runs import (
+    PhaseStartFn,
     ResultFn,
     RunContext,
     exit_code_for,
@@ -75,6 +76,7 @@ def advance(
     wait_s: float | None = None,
     phase_id: str | None = None,
     evidence: bool = False,
+    on_start: PhaseStartFn | None = None,
 ) -> AdvanceOutcome:
     """Advance the plan of ``ws`` by one phase (see the module docstring).
 
@@ -87,7 +89,7 @@ def advance(
     if evidence:
         return record_evidence(
             ws, phase_id, results_path=results_path, dry_run=dry_run, machine=machine,
-            on_result=on_result, on_progress=on_progress, wait_s=wait_s,
+            on_result=on_result, on_progress=on_progress, wait_s=wait_s, on_start=on_start,
         )
     phase = next_phase(ws.plan)
     if phase is None:
@@ -122,7 +124,7 @@ def advance(
         )
         try:
             return _advance_locked(
-                ws, phase, repo, base, branch, results_path, machine, on_result, on_progress
+                ws, phase, repo, base, branch, results_path, machine, on_result, on_progress, on_start
             )
         except KeyboardInterrupt:
             made = repo.tag_commit(f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
@@ -193,6 +195,7 @@ def _advance_locked(
     machine: MachineInfo | None,
     on_result: ResultFn | None,
     on_progress: ProgressFn | None,
+    on_start: PhaseStartFn | None = None,
 ) -> AdvanceOutcome:
     own_files = [results_path] if results_path is not None else []
     fingerprint = ws.fingerprint(own_files)
@@ -215,7 +218,7 @@ def _advance_locked(
 
         try:
             gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir, on_result=record,
-                              on_progress=on_progress)
+                              on_progress=on_progress, on_start=on_start)
         except KeyboardInterrupt:
             interrupted = run.results(ws, [PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))])
             _write_interrupted_report(ws, phase, base, interrupted, run.run_dir)
@@ -331,6 +334,7 @@ def record_evidence(
     on_result: ResultFn | None = None,
     on_progress: ProgressFn | None = None,
     wait_s: float | None = None,
+    on_start: PhaseStartFn | None = None,
 ) -> AdvanceOutcome:
     """Run (or import from ``results_path``) the gates of ``phase_id``, a phase that waits on an
     earlier one, and keep them as evidence: a report under ``reports/<plan>/<phase>/<run>/``
@@ -379,7 +383,7 @@ def record_evidence(
             steps = plan_run(phase, frozenset(run.machine.devices))
             try:
                 gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir,
-                                  on_result=on_result, on_progress=on_progress)
+                                  on_result=on_result, on_progress=on_progress, on_start=on_start)
             except KeyboardInterrupt:
                 return AdvanceOutcome(
                     ExitCode.INTERRUPTED, phase=phase.id,

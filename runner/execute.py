@@ -88,6 +88,9 @@ ProgressFn = Callable[[str, float, "int | None", "int | None"], None]
 """Called while a gate runs with (gate name, seconds elapsed, done, total); the counts are
 ``None`` until the gate reports progress."""
 
+StartFn = Callable[[str, Path], None]
+"""Called as a gate's process is about to start, with (gate name, log file)."""
+
 
 def run_gate(
     gate: GateLike,
@@ -207,6 +210,7 @@ def run_steps(
     report_dir: Path | None = None,
     on_progress: ProgressFn | None = None,
     keep_going: bool = False,
+    on_start: StartFn | None = None,
 ) -> list[GateResult]:
     """Run the planner's steps in order and return one result per step.
 
@@ -215,7 +219,8 @@ def run_steps(
     (to collect all the evidence in one run), except that a benchmark gate is SKIPPED unless
     every verify gate before it passed: correct before fast. Logs go to ``log_dir/<gate name>.log``;
     ``on_result`` is called with each result as soon as it is known. ``run_gate_fn`` is
-    called like ``run_gate`` (tests pass a fake), ``on_progress`` included.
+    called like ``run_gate`` (tests pass a fake), ``on_progress`` included. ``on_start`` is
+    called with the gate's name and its log file just before a gate's process starts.
     """
     log_dir = Path(log_dir)
     report_dir = Path(report_dir) if report_dir is not None else log_dir
@@ -236,10 +241,13 @@ def run_steps(
         elif step.action == "blocked":
             res = GateResult.not_run(gate, "BLOCKED", step.reason)
         elif step.action == "run":
+            log_path = log_dir / _log_name(gate.name, used_names)
+            if on_start is not None:
+                on_start(gate.name, log_path)
             res = run_gate_fn(
                 gate,
                 repo_root=repo_root,
-                log_path=log_dir / _log_name(gate.name, used_names),
+                log_path=log_path,
                 env=env,
                 report_dir=report_dir,
                 on_progress=on_progress,

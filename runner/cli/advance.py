@@ -78,6 +78,7 @@ def advance(
                 evidence=evidence,
                 on_result=output.on_result,
                 on_progress=output.on_progress,
+                on_start=output.on_start,
             )
     for line in outcome.messages:
         typer.echo(line, err=outcome.exit_code != 0)

@@ -27,7 +27,9 @@ def gate(
     ] = None,
     logs: Annotated[
         Path | None,
-        typer.Option("--logs", metavar="DIR", help="Keep the gate logs in this folder (default: a temporary one)."),
+        typer.Option("--logs", metavar="DIR",
+                     help="Keep the gate logs in this folder (default: a new folder under the "
+                     "temporary folder, named when the run starts)."),
     ] = None,
     junit: Annotated[
         Path | None,
@@ -69,6 +71,8 @@ def gate(
                 on_result=output.on_result,
                 on_progress=output.on_progress,
                 keep_going=keep_going,
+                on_start=output.on_start,
+                on_logs=output.on_logs,
             )
     for line in check.messages:
         typer.echo(line, err=check.exit_code != 0)
