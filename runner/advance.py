@@ -34,7 +34,7 @@ from runner.history import RunRecord, describe_machine, find_runs
 from runner.lock import repo_lock
 from runner.machine import MachineInfo
 from runner.planning import GateStep, next_phase, plan_run
-from runner.preflight import check_calls
+from runner.preflight import check_calls, check_paths, check_reports
 from runner.report import ReportContext, RunMeta, headline_metrics, write_report
 from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds, plan_problems
 from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
@@ -49,7 +49,7 @@ from runner.runs import (
 )
 from runner.schema import Checkpoint, Phase, PhaseStatus
 from runner.timeutil import iso_time, utc_now
-from runner.workspace import Workspace
+from runner.workspace import REPORTS_DIR, Workspace, safe_name
 
 
 @dataclass
@@ -102,6 +102,7 @@ def advance(
         )
     if results_path is None:
         check_calls(ws.doc, phase, ws.root)
+    _check_writes(ws, phase, git=True)
     if dry_run:
         return _dry_run(ws, phase, results_path, machine)
     repo = CheckpointRepo(ws.root)
@@ -117,6 +118,7 @@ def advance(
             return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
         if results_path is None:
             check_calls(ws.doc, phase, ws.root)
+        _check_writes(ws, phase, git=True)
         base = _check_repo(repo, ws.root)
         branch = checkpoints.current_branch(ws.root)  # the checkpoint lands here, or nowhere
         checkpoints.preflight(  # before any gate
@@ -161,6 +163,14 @@ def _write_interrupted_report(
         write_report(run_dir, results, context)
     except Exception:  # noqa: BLE001 - the interrupt is what the user must see, not this
         pass
+
+
+def _check_writes(ws: Workspace, phase: Phase, *, git: bool) -> None:
+    """Before any gate: the phase's paths stay in the repository, and its run folder would be
+    a folder of the repository that git does not ignore (``runner.preflight``)."""
+    check_paths(ws.doc, phase, ws.root)
+    parent = ws.root / REPORTS_DIR / safe_name(ws.plan.id) / safe_name(phase.id)
+    check_reports(ws.root, REPORTS_DIR, parent, ws.plan_rel, git=git)
 
 
 def _check_repo(repo: CheckpointRepo, root: Path) -> str:
@@ -364,6 +374,7 @@ def record_evidence(
     reason = f"waiting on {upcoming.id}" if upcoming is not None else "recorded as evidence"
     if results_path is None:
         check_calls(ws.doc, phase, ws.root)
+    _check_writes(ws, phase, git=(ws.root / ".git").exists())
     if dry_run:
         outcome = _dry_run(ws, phase, results_path, machine)
         outcome.messages[0] = f"plan {ws.plan.id} ({ws.plan_rel}): evidence for {phase.id} ({reason})"

@@ -19,7 +19,7 @@ from runner.execute import ProgressFn
 from runner.junit import append_summary, write_empty_junit, write_junit
 from runner.machine import MachineInfo
 from runner.planning import plan_run
-from runner.preflight import check_calls
+from runner.preflight import check_calls, check_outputs
 from runner.results import PhaseResults, ResultsFile, combine_outcomes
 from runner.runs import PhaseStartFn, ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
 from runner.schema import Phase, Plan
@@ -75,6 +75,7 @@ def check_phases(
     gates ran, also when the tree changed under them; like ``out`` and ``logs`` they are left
     out of the tree fingerprint.
     """
+    check_outputs(files={"--out": out, "--junit": junit, "--summary": summary}, folders={"--logs": logs})
     phases = select_phases(ws.plan, phase_ids, completed)
     if not phases:
         messages = ["no phase is complete yet; nothing to check"]
