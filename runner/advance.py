@@ -153,12 +153,15 @@ def _interrupted_gates(steps: list[GateStep], finished: list[GateResult]) -> lis
 
 
 def _write_interrupted_report(
-    ws: Workspace, phase: Phase, base: str, results: ResultsFile, run_dir: Path
+    ws: Workspace, phase: Phase, base: str | None, results: ResultsFile, run_dir: Path,
+    meta: RunMeta | None = None,
 ) -> None:
     """Best effort, so that an interrupted run leaves its evidence: a failure here (or a
-    second interrupt) leaves the logs the gates already wrote."""
+    second interrupt) leaves the logs the gates already wrote. The plan does not record it."""
     note = "Interrupted (SIGINT or SIGTERM): the plan was not changed and nothing was committed."
-    context = ReportContext(ws.plan, phase, "INTERRUPTED", base=base, source="local run", notes=[note])
+    meta = meta or RunMeta(recorded=False, reason="interrupted; the plan was not changed")
+    context = ReportContext(ws.plan, phase, "INTERRUPTED", base=base, source="local run", notes=[note],
+                            meta=meta)
     try:
         write_report(run_dir, results, context)
     except Exception:  # noqa: BLE001 - the interrupt is what the user must see, not this
@@ -392,10 +395,20 @@ def record_evidence(
         else:
             run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
             steps = plan_run(phase, frozenset(run.machine.devices))
+            finished: list[GateResult] = []
+
+            def record(phase_id: str, result: GateResult) -> None:
+                finished.append(result)
+                if on_result is not None:
+                    on_result(phase_id, result)
+
             try:
                 gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir,
-                                  on_result=on_result, on_progress=on_progress, on_start=on_start)
+                                  on_result=record, on_progress=on_progress, on_start=on_start)
             except KeyboardInterrupt:
+                interrupted = run.results(ws, [PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))])
+                _write_interrupted_report(ws, phase, None, interrupted, run.run_dir,
+                                          RunMeta(role="evidence", recorded=False, reason=f"{reason}; interrupted"))
                 return AdvanceOutcome(
                     ExitCode.INTERRUPTED, phase=phase.id,
                     messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],

@@ -198,6 +198,8 @@ def phase_runs(scan: RunScan) -> dict[str, PhaseRuns]:
         counts[run.phase] = counts.get(run.phase, 0) + 1
         if run.evidence:
             slot["evidence"] = run
+        elif run.informative and not run.meta.recorded:
+            continue  # an interrupted run: the plan never recorded it
         elif run.informative:
             slot["verdict"], slot["blocked"] = run, None
             if slot["evidence"] is not None:

@@ -61,8 +61,9 @@ def test_a_blocked_run_keeps_the_plans_failed_and_changes_no_tracked_file(tmp_pa
 
     cli(runner_env, repo.root, "report", "--out", str(tmp_path / "index.html"))
     html = (tmp_path / "index.html").read_text()
-    assert runs[0].name in html  # the GPU run's evidence stays on the page
-    assert "Test GPU" in html
+    assert "run(s): <a" in html and "at " in html
+    latest = html[html.index("Latest of 2 run(s)"):]
+    assert latest.index("on testhost: Test GPU") < latest.index("Also: blocked run")  # the GPU run leads
 
 
 def test_a_blocked_run_of_a_pending_phase_still_records_blocked(tmp_path, runner_env):
@@ -151,3 +152,19 @@ def test_imported_evidence_is_matched_and_rechecked(tmp_path, runner_env):
     (repo.root / "src" / "code.py").write_text("VALUE = 2\n")
     moved = cli(runner_env, repo.root, "advance", "--evidence", "--results", str(out))
     assert moved.exit_code == ExitCode.USAGE and "tree" in moved.stderr
+
+
+def test_an_interrupted_run_does_not_become_the_verdict(tmp_path, runner_env):
+    from runner.history import find_runs, phase_runs
+    from runner.report import RunMeta, write_report  # noqa: F401
+
+    repo = _failed_on_gpu(tmp_path, runner_env)
+    [gpu_run] = list((repo.root / "reports" / "demo" / "alpha").iterdir())
+    later = repo.root / "reports" / "demo" / "alpha" / "20991231T000000Z-ffffffff"
+    later.mkdir()
+    data = json.loads((gpu_run / "results.json").read_text())
+    data["run_id"], data["created"] = later.name, "2099-12-31T00:00:00Z"
+    (later / "results.json").write_text(json.dumps(data))
+    (later / "run.json").write_text(json.dumps({"role": "run", "recorded": False, "reason": "interrupted"}))
+    runs = phase_runs(find_runs(repo.root, "demo"))["alpha"]
+    assert runs.verdict.path.parent == gpu_run
