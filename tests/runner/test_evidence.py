@@ -113,7 +113,8 @@ def test_local_evidence_for_a_waiting_phase(tmp_path, runner_env):
     assert "speedup=2.5" in status
 
     history = cli(runner_env, repo.root, "history")
-    assert "evidence" in history.stdout
+    assert "evidence (waiting on alpha)" in history.stdout
+    assert "speedup=2.5" in history.stdout  # the phase's headline metrics
     cli(runner_env, repo.root, "report", "--out", str(tmp_path / "index.html"))
     assert "evidence" in (tmp_path / "index.html").read_text()
     diff = cli(runner_env, repo.root, "diff", run.name, str(run))
