@@ -29,6 +29,7 @@ ends the group and is re-raised.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -42,14 +43,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import runner
+from runner import gateoutput
 from runner.gatelog import HEAD_BYTES, CappedLog, OutputPump
-from runner.procgroup import end_group
+from runner.procgroup import end_group, with_parent_death_signal
 from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
 from runner.results import GateResult
 from runner.timeutil import iso_ms
 from runner.verdict import Verdict, judge
 
 LOG_TAIL_LINES = 60
+MAX_ARTIFACT_ENTRIES = 10 * MAX_ARTIFACTS  # directory entries looked at, at most
 LOG_TAIL_BYTES = 8 * 1024
 _PROGRESS_POLL_S = 0.25  # how often a running gate's progress file is read
 
@@ -84,6 +87,9 @@ RunGateFn = Callable[..., GateResult]
 ProgressFn = Callable[[str, float, "int | None", "int | None"], None]
 """Called while a gate runs with (gate name, seconds elapsed, done, total); the counts are
 ``None`` until the gate reports progress."""
+
+StartFn = Callable[[str, Path], None]
+"""Called as a gate's process is about to start, with (gate name, log file)."""
 
 
 def run_gate(
@@ -149,7 +155,7 @@ def run_gate(
         read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                argv,
+                with_parent_death_signal(argv),
                 cwd=repo_root,
                 env=child_env,
                 stdin=subprocess.DEVNULL,
@@ -204,6 +210,7 @@ def run_steps(
     report_dir: Path | None = None,
     on_progress: ProgressFn | None = None,
     keep_going: bool = False,
+    on_start: StartFn | None = None,
 ) -> list[GateResult]:
     """Run the planner's steps in order and return one result per step.
 
@@ -212,7 +219,8 @@ def run_steps(
     (to collect all the evidence in one run), except that a benchmark gate is SKIPPED unless
     every verify gate before it passed: correct before fast. Logs go to ``log_dir/<gate name>.log``;
     ``on_result`` is called with each result as soon as it is known. ``run_gate_fn`` is
-    called like ``run_gate`` (tests pass a fake), ``on_progress`` included.
+    called like ``run_gate`` (tests pass a fake), ``on_progress`` included. ``on_start`` is
+    called with the gate's name and its log file just before a gate's process starts.
     """
     log_dir = Path(log_dir)
     report_dir = Path(report_dir) if report_dir is not None else log_dir
@@ -233,10 +241,13 @@ def run_steps(
         elif step.action == "blocked":
             res = GateResult.not_run(gate, "BLOCKED", step.reason)
         elif step.action == "run":
+            log_path = log_dir / _log_name(gate.name, used_names)
+            if on_start is not None:
+                on_start(gate.name, log_path)
             res = run_gate_fn(
                 gate,
                 repo_root=repo_root,
-                log_path=log_dir / _log_name(gate.name, used_names),
+                log_path=log_path,
                 env=env,
                 report_dir=report_dir,
                 on_progress=on_progress,
@@ -319,24 +330,7 @@ def _wait(
 
 def _read_progress(path: Path) -> tuple[int | None, int | None]:
     """The last well-formed ``{"done": n, "total": m}`` line of the progress file."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 4096))
-            lines = handle.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return None, None
-    for line in reversed(lines):
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            done, total = data.get("done"), data.get("total")
-            if isinstance(done, int) and not isinstance(done, bool):
-                return done, total if isinstance(total, int) and not isinstance(total, bool) else None
-    return None, None
+    return gateoutput.read_progress(path)
 
 
 def _read_artifacts(folder: Path, log) -> dict[str, str]:
@@ -348,10 +342,16 @@ def _read_artifacts(folder: Path, log) -> dict[str, str]:
     """
     artifacts: dict[str, str] = {}
     try:
-        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        with os.scandir(folder) as listing:  # a gate that leaves a million files costs no more
+            entries = list(itertools.islice(listing, MAX_ARTIFACT_ENTRIES + 1))
     except OSError as exc:
         _note(log, f"could not list the artifacts folder: {exc}")
         return artifacts
+    if len(entries) > MAX_ARTIFACT_ENTRIES:
+        entries = entries[:MAX_ARTIFACT_ENTRIES]
+        _note(log, f"the artifacts folder holds more than {MAX_ARTIFACT_ENTRIES} entries; only "
+                   f"{MAX_ARTIFACT_ENTRIES} were looked at")
+    entries.sort(key=lambda entry: entry.name)
     for entry in entries:
         skip = None
         if not entry.is_file(follow_symlinks=False):
@@ -366,10 +366,11 @@ def _read_artifacts(folder: Path, log) -> dict[str, str]:
                 if size > MAX_ARTIFACT_BYTES:
                     skip = f"{size} bytes, over the {MAX_ARTIFACT_BYTES}-byte limit"
                 else:
-                    artifacts[entry.name] = Path(entry.path).read_bytes().decode("utf-8")
+                    data = gateoutput.read_bounded(Path(entry.path), MAX_ARTIFACT_BYTES, what="artifact")
+                    artifacts[entry.name] = (data or b"").decode("utf-8")
             except UnicodeDecodeError:
                 skip = "not UTF-8 text"
-            except OSError as exc:
+            except (OSError, gateoutput.OutputError) as exc:
                 skip = f"unreadable ({exc})"
         if skip is not None:
             _note(log, f"artifact {entry.name!r} skipped: {skip}")

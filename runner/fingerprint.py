@@ -3,7 +3,9 @@
 The file set is what ``git ls-files --cached --others --exclude-standard`` lists in a clone
 whose tracked files are not ignored: every file under the root except ``.git/`` and what the
 root's and nested ``.gitignore`` files ignore. ``.git/info/exclude`` and the global excludes
-file are not read: a copy of the tree on a GPU host has neither, and both sides must agree. A
+file are not read: a copy of the tree on a GPU host has neither, and both sides must agree.
+``__pycache__`` folders, ``*.pyc`` files and the runner's fallback lock ``.runner.lock`` (with
+its take-over files) at the root are always left out, whatever ``.gitignore`` says. A
 file that is tracked although a ``.gitignore`` ignores it is left out here, unlike in
 ``git ls-files``. Symbolic links are not followed; a link is hashed by its target string.
 
@@ -30,6 +32,7 @@ from pathlib import Path
 from runner.errors import UsageError
 
 _CHUNK = 1 << 20
+_LOCK_FALLBACK = ".runner.lock"  # runner.lock.FALLBACK_NAME
 
 
 def tree_fingerprint(root: Path, exclude: Iterable[str] = ()) -> str:
@@ -73,7 +76,11 @@ def fingerprint_files(root: Path, exclude: Iterable[str] = ()) -> list[str]:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             if entry.name == ".git" or _is_excluded(rel, excluded):
                 continue
+            if not rel_dir and entry.name.startswith(_LOCK_FALLBACK):
+                continue  # the runner's own lock (and its take-over files) when there is no .git
             is_dir = entry.is_dir(follow_symlinks=False)
+            if entry.name == "__pycache__" and is_dir or entry.name.endswith(".pyc") and not is_dir:
+                continue  # written by merely importing the code; never a change of the tree
             if not is_dir and not (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
                 continue  # sockets, fifos, devices: git does not track them
             if _ignored(rel, is_dir, specs):

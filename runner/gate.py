@@ -1,27 +1,27 @@
 """``runner gate``: run phases' gates as a read-only check.
 
 The check changes no file except the ``--out`` results file and the ``--logs`` folder (when
-given; otherwise logs go to a temporary folder that is deleted, their tails kept in the
-results), makes no commit and takes no lock, so it can run in CI and on a GPU host that holds
+given; otherwise the logs go to a fresh folder under the system's temporary folder, named to
+the user through ``on_logs`` and in the messages, and kept), makes no commit and takes no lock, so it can run in CI and on a GPU host that holds
 a plain copy of the tree (no ``.git``).
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner import machine as machine_probe
 from runner.errors import ExitCode, UsageError
 from runner.execute import ProgressFn
-from runner.junit import append_summary, write_junit
+from runner.junit import append_summary, write_empty_junit, write_junit
 from runner.machine import MachineInfo
 from runner.planning import plan_run
-from runner.preflight import check_calls
+from runner.preflight import check_calls, check_outputs
 from runner.results import PhaseResults, ResultsFile, combine_outcomes
-from runner.runs import ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
+from runner.runs import PhaseStartFn, ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
 from runner.schema import Phase, Plan
 from runner.workspace import Workspace
 
@@ -66,6 +66,8 @@ def check_phases(
     on_result: ResultFn | None = None,
     on_progress: ProgressFn | None = None,
     keep_going: bool = False,
+    on_start: PhaseStartFn | None = None,
+    on_logs: Callable[[Path], None] | None = None,
 ) -> GateCheck:
     """Run the gates of the selected phases; write ``out`` when given. Changes nothing else.
 
@@ -73,9 +75,14 @@ def check_phases(
     gates ran, also when the tree changed under them; like ``out`` and ``logs`` they are left
     out of the tree fingerprint.
     """
+    check_outputs(files={"--out": out, "--junit": junit, "--summary": summary}, folders={"--logs": logs})
     phases = select_phases(ws.plan, phase_ids, completed)
     if not phases:
-        return GateCheck(None, ExitCode.OK, ["no phase is complete yet; nothing to check"])
+        messages = ["no phase is complete yet; nothing to check"]
+        if junit is not None:  # CI that expects the file finds one, counting zero tests
+            write_empty_junit(Path(junit), ws.plan.id)
+            messages.append(f"JUnit XML (no test) written to {junit}")
+        return GateCheck(None, ExitCode.OK, messages)
     for phase in phases:  # a misnamed `call` is a plan error before any gate runs
         check_calls(ws.doc, phase, ws.root)
     machine = machine or machine_probe.probe_machine()
@@ -85,24 +92,28 @@ def check_phases(
     run = RunContext.start(fingerprint, machine)
     phase_results: list[PhaseResults] = []
     messages: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="runner-logs-") as scratch:
-        log_root = Path(logs) if logs is not None else Path(scratch)
-        for phase in phases:
-            steps = plan_run(phase, devices)
-            gates = run_phase(
-                ws,
-                phase,
-                steps,
-                log_dir=log_root / phase.id,
-                report_dir=log_root,
-                on_result=on_result,
-                on_progress=on_progress,
-                keep_going=keep_going,
-            )
-            results = PhaseResults(phase=phase.id, gates=gates)
-            phase_results.append(results)
-            if results.outcome == "BLOCKED":
-                messages.append(f"{phase.id}: blocked; {finish_elsewhere_hint(phase, steps)}")
+    # the logs stay where the user can read them: --logs, else a fresh folder under the temp dir
+    log_root = Path(logs) if logs is not None else Path(tempfile.mkdtemp(prefix="runner-gate-logs-"))
+    log_root.mkdir(parents=True, exist_ok=True)
+    if on_logs is not None:
+        on_logs(log_root)
+    for phase in phases:
+        steps = plan_run(phase, devices)
+        gates = run_phase(
+            ws,
+            phase,
+            steps,
+            log_dir=log_root / phase.id,
+            report_dir=log_root,
+            on_result=on_result,
+            on_progress=on_progress,
+            keep_going=keep_going,
+            on_start=on_start,
+        )
+        results = PhaseResults(phase=phase.id, gates=gates)
+        phase_results.append(results)
+        if results.outcome == "BLOCKED":
+            messages.append(f"{phase.id}: blocked; {finish_elsewhere_hint(phase, steps)}")
     outcome = combine_outcomes(results.outcome for results in phase_results)
     exit_code = exit_code_for(outcome)
     results_file = run.results(ws, phase_results)
@@ -112,10 +123,12 @@ def check_phases(
             "the tree changed while the gates ran, so these results describe no single tree"
             + ("; the results file was not written" if out is not None else "")
         )
+        messages.append(f"gate logs in {log_root}")
         return GateCheck(results_file, ExitCode.GATE_FAILED, messages)
     if out is not None:
         results_file.dump(Path(out))
         messages.append(f"results written to {out}")
+    messages.append(f"gate logs in {log_root}")
     return GateCheck(results_file, exit_code, messages)
 
 

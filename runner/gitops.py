@@ -4,7 +4,8 @@
 on top of ``HEAD`` and nothing else, whatever else is staged or modified. It builds the
 commit in a temporary index (``GIT_INDEX_FILE``: ``read-tree HEAD``, ``add -A -- <paths>``,
 ``write-tree``), creates it with ``commit-tree`` and moves the branch with a compare-and-swap
-``update-ref``, then tags it with ``tag -a -f``. Finally the real index entries of the
+``update-ref``, then tags it with ``tag -a`` (an existing tag of that name is refused before anything is
+written: a checkpoint tag is never moved). Finally the real index entries of the
 committed paths are reset to the new commit, so they show as unmodified while every other
 staged change stays staged. The work tree is never written.
 
@@ -62,14 +63,6 @@ class CheckpointRepo:
         with self._repo() as repo:
             return _rev(repo, "HEAD")
 
-    def branch(self) -> str | None:
-        """The full ref ``HEAD`` points to (``refs/heads/main``), ``None`` when detached."""
-        with self._repo() as repo:
-            try:
-                return repo.git.symbolic_ref("-q", "HEAD")
-            except git.GitCommandError:
-                return None
-
     def tag_commit(self, tag: str) -> str | None:
         """The commit the tag ``tag`` names, or ``None`` when there is no such tag."""
         with self._repo() as repo:
@@ -124,14 +117,23 @@ class CheckpointRepo:
 
     def checkpoint(self, paths: Sequence[str], message: str, tag: str, tag_message: str) -> str:
         """Commit exactly ``paths`` (files or folders; new, modified or deleted) on the
-        current branch with ``message``, tag the commit ``tag`` (annotated, replacing an
-        existing tag) and return the commit's sha."""
+        current branch with ``message``, tag the commit ``tag`` (annotated; an existing tag
+        of that name is refused before anything is written) and return the commit's sha.
+
+        ``runner advance`` checkpoints through ``runner.checkpoint.make_checkpoint``, which
+        also writes the plan last and survives interrupts; this stays for plain commits."""
         paths = [str(path) for path in paths]
         if not paths:
             raise GitError("nothing to checkpoint: no paths given")
         self.check_ready()
         with self._repo() as repo:
             _check_tag_name(repo, tag)
+            existing = _rev(repo, f"refs/tags/{tag}")
+            if existing is not None:
+                raise GitError(
+                    f"tag {tag} already exists (at {existing[:12]}); a checkpoint tag is never moved. "
+                    f"Delete it (git tag -d {tag}) to checkpoint the phase again"
+                )
             git_dir = Path(repo.git_dir)
             stamp = f"{os.getpid()}-{uuid.uuid4().hex}"
             index = git_dir / f"runner-index-{stamp}"
@@ -154,7 +156,7 @@ class CheckpointRepo:
                     scratch.unlink(missing_ok=True)
             try:
                 msg_file.write_text(_with_newline(tag_message), encoding="utf-8")
-                _run(repo, "tag", "-a", "-f", "--cleanup=verbatim", "-F", str(msg_file),
+                _run(repo, "tag", "-a", "--no-sign", "--cleanup=verbatim", "-F", str(msg_file),
                      tag, new)
             except GitError as exc:
                 _move_back(repo, branch, new, old)

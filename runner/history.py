@@ -14,6 +14,7 @@ from pathlib import Path
 
 from runner.errors import ResultsError, UsageError
 from runner.machine import MachineInfo
+from runner.report import RunMeta, read_run_meta
 from runner.results import Outcome, PhaseResults, ResultsFile, combine_outcomes
 from runner.status import CheckpointView, plan_status
 from runner.workspace import REPORTS_DIR, Workspace, safe_name
@@ -32,6 +33,31 @@ class RunRecord:
     path: Path
     results: ResultsFile
     phase: str | None = None
+    meta: RunMeta = field(default_factory=RunMeta)
+
+    @property
+    def evidence(self) -> bool:
+        return self.meta.evidence
+
+    @property
+    def folder(self) -> str:
+        """The run folder's name: the run id, with ``-2``... when two runs shared one."""
+        return self.path.parent.name
+
+    @property
+    def informative(self) -> bool:
+        """A verdict on the phase: it ran every gate it could up to a FAIL, or passed. A run that
+        only blocked (every gate PASS or BLOCKED) says what this machine could not do."""
+        return self.outcome != "BLOCKED"
+
+    def gate_counts(self) -> dict[str, int]:
+        """How many gates of each outcome, in the order PASS, FAIL, ERROR, BLOCKED, SKIPPED."""
+        counts: dict[str, int] = {}
+        for outcome in ("PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"):
+            n = sum(gate.outcome == outcome for phase in self.phase_results() for gate in phase.gates)
+            if n:
+                counts[outcome] = n
+        return counts
 
     @property
     def run_id(self) -> str:
@@ -74,6 +100,9 @@ class RunRecord:
             "machine_fingerprint": self.machine.fingerprint,
             "fingerprint": self.results.fingerprint,
             "path": display_path(self.path, root),
+            "role": self.meta.role,
+            "recorded": self.meta.recorded,
+            "reason": self.meta.reason,
         }
 
 
@@ -125,18 +154,59 @@ def find_runs(root: Path, plan_id: str, phase: str | None = None) -> RunScan:
             except ResultsError as error:
                 skipped.append(str(error))
                 continue
-            runs.append(RunRecord(path=path, results=results, phase=phase_dir.name))
+            runs.append(RunRecord(path=path, results=results, phase=phase_dir.name,
+                                  meta=read_run_meta(path.parent)))
     runs.sort(key=lambda run: (run.created, run.run_id, run.phase or ""))
     return RunScan(runs, skipped)
 
 
 def latest_runs(scan: RunScan) -> dict[str, RunRecord]:
-    """The newest run of each phase."""
-    latest: dict[str, RunRecord] = {}
-    for run in scan.runs:  # oldest first, so the newest wins
-        if run.phase is not None:
-            latest[run.phase] = run
-    return latest
+    """The newest informative run of each phase (``PhaseRuns.shown``): a run that only blocked
+    never hides the verdict of an earlier run, and evidence shows when there is nothing else."""
+    return {phase: runs.shown for phase, runs in phase_runs(scan).items() if runs.shown is not None}
+
+
+@dataclass(frozen=True)
+class PhaseRuns:
+    """A phase's runs as ``status`` and the report summarise them.
+
+    ``verdict``: the newest informative run of the phase's own (``role`` run); ``blocked``: a
+    newer run that only blocked; ``evidence``: the newest evidence run (a run made while the
+    phase waited on an earlier one), when newer than ``verdict``.
+    """
+
+    verdict: RunRecord | None = None
+    blocked: RunRecord | None = None
+    evidence: RunRecord | None = None
+    count: int = 0
+
+    @property
+    def shown(self) -> RunRecord | None:
+        """The run to show as the phase's evidence: its verdict, else the evidence, else the
+        newest blocked run."""
+        return self.verdict or self.evidence or self.blocked
+
+
+def phase_runs(scan: RunScan) -> dict[str, PhaseRuns]:
+    """``PhaseRuns`` of every phase that has runs, from a scan (oldest first)."""
+    found: dict[str, dict[str, RunRecord | None]] = {}
+    counts: dict[str, int] = {}
+    for run in scan.runs:
+        if run.phase is None:
+            continue
+        slot = found.setdefault(run.phase, {"verdict": None, "blocked": None, "evidence": None})
+        counts[run.phase] = counts.get(run.phase, 0) + 1
+        if run.evidence:
+            slot["evidence"] = run
+        elif run.informative and not run.meta.recorded:
+            continue  # an interrupted run: the plan never recorded it
+        elif run.informative:
+            slot["verdict"], slot["blocked"] = run, None
+            if slot["evidence"] is not None:
+                slot["evidence"] = None  # the phase's own verdict is newer than the evidence
+        else:
+            slot["blocked"] = run
+    return {phase: PhaseRuns(count=counts[phase], **slot) for phase, slot in found.items()}
 
 
 def plan_checkpoints(ws: Workspace) -> list[CheckpointView]:
@@ -197,3 +267,42 @@ def _record_for_path(ws: Workspace, path: Path) -> RunRecord:
     if rel is not None and len(rel.parts) == 4 and any(p.phase == rel.parts[1] for p in results.phases):
         phase = rel.parts[1]
     return RunRecord(path=path, results=results, phase=phase)
+
+
+def gpu_of(machine: MachineInfo) -> str:
+    """``NVIDIA H200`` (``x2`` for two), or the host name of a machine without a GPU."""
+    if machine.gpu_name:
+        return machine.gpu_name + (f" x{machine.gpu_count}" if machine.gpu_count > 1 else "")
+    return f"{machine.hostname} (no GPU)"
+
+
+def _counted(run: RunRecord) -> str:
+    words = {"PASS": "passed", "FAIL": "failed", "ERROR": "errored", "BLOCKED": "blocked",
+             "SKIPPED": "skipped"}
+    parts = [f"{n} gate{'s' if n != 1 else ''} {words[outcome]}" if i == 0
+             else f"{n} {words[outcome]}"
+             for i, (outcome, n) in enumerate(run.gate_counts().items())]
+    return ", ".join(parts)
+
+
+def describe_phase(status: str, runs: PhaseRuns | None, hostname: str | None = None) -> str:
+    """``failed on NVIDIA H200 (run …); blocked here (run …, 1 gate passed, 3 blocked)``, and
+    ``; evidence: PASS on NVIDIA H200 (run …), waiting on kernel`` for a phase that waits.
+    ``hostname``: this machine's, so its own runs read ``here``."""
+    text = status
+    if runs is None:
+        return text
+    verdict = runs.verdict
+    if verdict is not None and status in ("failed", "blocked") and verdict.meta.recorded:
+        text += f" on {gpu_of(verdict.machine)} (run {verdict.folder})"
+    blocked = runs.blocked
+    if blocked is not None and (verdict is not None or status != "blocked"):
+        where = "here" if hostname and blocked.machine.hostname == hostname else f"on {gpu_of(blocked.machine)}"
+        text += f"; blocked {where} (run {blocked.folder}, {_counted(blocked)})"
+    elif blocked is not None:
+        text += f" (run {blocked.folder}, {_counted(blocked)})"
+    evidence = runs.evidence
+    if evidence is not None:
+        reason = f", {evidence.meta.reason}" if evidence.meta.reason else ""
+        text += f"; evidence: {evidence.outcome} on {gpu_of(evidence.machine)} (run {evidence.folder}){reason}"
+    return text

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import runner
 from runner.formatting import format_metric, short
-from runner.history import RunRecord, RunScan, describe_machine, find_runs, latest_runs
+from runner.history import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
 from runner.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.protocol import PLOT_SUFFIX
 from runner.report import headline_metrics
@@ -46,6 +46,7 @@ class PhaseSection:
     gates: list[GateResult]
     plots: list[Plot] = field(default_factory=list)
     plot_notes: list[str] = field(default_factory=list)
+    others: list[tuple[str, RunRecord, str]] = field(default_factory=list)  # (what, run, link)
 
     @property
     def latest_outcome(self) -> str | None:
@@ -57,9 +58,9 @@ def render_html_report(ws: Workspace, out: Path) -> str:
     out_dir = Path(out).resolve().parent
     status = plan_status(ws)
     scan = find_runs(ws.root, ws.plan.id)
-    latest = latest_runs(scan)
+    by_phase = phase_runs(scan)
     sections = [
-        _section(ws, spec, view, scan, latest.get(spec.id), out_dir)
+        _section(ws, spec, view, scan, by_phase.get(spec.id) or PhaseRuns(), out_dir)
         for spec, view in zip(ws.plan.phases, status.phases, strict=True)
     ]
     env = template_env(html=True, filters={"metric": format_metric, "short": short})
@@ -84,8 +85,11 @@ def write_html_report(ws: Workspace, out: Path) -> Path:
     return out
 
 
-def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, latest: RunRecord | None,
+def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, summary: PhaseRuns,
              out_dir: Path) -> PhaseSection:
+    """The phase's section; its main run is the newest informative one (``PhaseRuns.shown``):
+    a later run that could only block, or evidence, is listed under it, never in its place."""
+    latest = summary.shown
     report_link = None
     checkpoint_run = None
     if view.checkpoint is not None:
@@ -103,7 +107,14 @@ def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, latest:
         latest_link = _link(report if report.is_file() else latest.path, out_dir)
         plots, plot_notes = _artifact_plots(gates)
     plots += _history_plots(spec, runs, checkpoint_run)
-    return PhaseSection(spec, view, report_link, len(runs), latest, latest_link, gates, plots, plot_notes)
+    others = []
+    for what, run in (("blocked", summary.blocked), ("evidence", summary.evidence)):
+        if run is not None and run is not latest:
+            report = run.path.parent / "report.md"
+            label = f"evidence ({run.meta.reason})" if what == "evidence" and run.meta.reason else what
+            others.append((label, run, _link(report if report.is_file() else run.path, out_dir)))
+    return PhaseSection(spec, view, report_link, len(runs), latest, latest_link, gates, plots, plot_notes,
+                        others)
 
 
 def _artifact_plots(gates: list[GateResult]) -> tuple[list[Plot], list[str]]:

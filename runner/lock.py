@@ -1,7 +1,9 @@
 """One runner per repository at a time: a lock file that names its holder.
 
-The lock is ``.git/runner.lock`` when the root has a ``.git`` directory (never part of the
-tree or its fingerprint), else ``.runner.lock`` at the root (ignored by ``.gitignore``). It is
+The lock is ``runner.lock`` in the work tree's git dir (``.git/``, or the folder a ``.git``
+file names in a linked worktree, a submodule or a separate-git-dir checkout), never part of the
+tree or its fingerprint; without a git dir it is ``.runner.lock`` at the root, which the
+fingerprint leaves out whatever ``.gitignore`` says. It is
 created with ``O_CREAT | O_EXCL`` and holds JSON ``{pid, host, command, started, token}``.
 
 A lock left behind by a process that is gone (same host, pid not running), or one that is
@@ -24,20 +26,47 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
 from runner.errors import LockHeldError
+from runner.timeutil import iso_time, utc_now
 
 STALE_UNREADABLE_S = 5.0
 POLL_S = 0.2
 
 
+FALLBACK_NAME = ".runner.lock"  # at the root when there is no git dir; never fingerprinted
+
+
 def lock_path(root: Path) -> Path:
-    """Where the lock of the repository at ``root`` lives."""
+    """Where the lock of the repository at ``root`` lives: ``runner.lock`` in its git dir, found
+    without running git. ``.git`` is that folder in a plain clone; in a linked worktree, a
+    submodule or a ``--separate-git-dir`` checkout ``.git`` is a file whose ``gitdir:`` line
+    names it (each linked worktree has its own, so runners in two worktrees do not block each
+    other). Without either, ``.runner.lock`` at the root."""
     root = Path(root)
-    git_dir = root / ".git"
-    return git_dir / "runner.lock" if git_dir.is_dir() else root / ".runner.lock"
+    git_dir = git_dir_of(root)
+    return git_dir / "runner.lock" if git_dir is not None else root / FALLBACK_NAME
+
+
+def git_dir_of(root: Path) -> Path | None:
+    """The git dir of the work tree at ``root`` (see ``lock_path``), or ``None``."""
+    dot_git = Path(root) / ".git"
+    if dot_git.is_dir():
+        return dot_git
+    if not dot_git.is_file():
+        return None
+    try:
+        first = dot_git.read_text(encoding="utf-8", errors="replace")[:4096].splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    key, sep, value = first.partition(":")
+    if not sep or key.strip() != "gitdir" or not value.strip():
+        return None
+    target = Path(value.strip())
+    if not target.is_absolute():
+        target = Path(root) / target
+    return target if target.is_dir() else None
 
 
 @contextmanager
@@ -150,7 +179,7 @@ def _replace_if_unchanged(path: Path, raw: str, payload: str, token: str) -> boo
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return iso_time(utc_now())
 
 
 def _release(path: Path, token: str) -> None:

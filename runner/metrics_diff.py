@@ -5,7 +5,12 @@ delta %. Whether a change is worse comes from the plan: a metric whose ``expect`
 ``>=``/``>`` is better higher, ``<=``/``<`` better lower; other metrics only show their delta.
 A worse change is a **regression** only when it is larger than the gate's declared
 ``tolerance`` for that metric *and* both runs have the same machine fingerprint; on different
-machines a directional change is "not comparable", never a regression.
+machines a directional change is "not comparable", never a regression. A metric one run lacks
+because its gate did not run there (``BLOCKED``, ``SKIPPED``, or not in the file) is "not run",
+not "added" or "removed".
+
+``MetricDelta.notable`` is what ``runner diff`` shows by default: metrics with a threshold, and
+changes beyond ``NOISE_PCT`` (or of a value that is not a number).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from runner.schema import Gate, Plan
 Direction = Literal["higher", "lower"]
 Verdict = Literal[
     "regression", "within tolerance", "worse", "better", "unchanged", "changed",
-    "added", "removed", "not comparable",
+    "added", "removed", "not comparable", "not run",
 ]
+NOISE_PCT = 1.0  # a change of a metric without a threshold smaller than this (%) is not shown by default
 
 _DIRECTIONS: dict[str, Direction] = {">=": "higher", ">": "higher", "<=": "lower", "<": "lower"}
 
@@ -45,6 +51,17 @@ class MetricDelta:
     tolerance: float | None
     verdict: Verdict
 
+    @property
+    def notable(self) -> bool:
+        """Shown without ``--all``: a metric with a threshold, or a real change."""
+        if self.threshold is not None:
+            return True
+        if self.verdict == "unchanged":
+            return False
+        if self.verdict == "changed" and self.delta is not None:
+            return self.delta_pct is None or abs(self.delta_pct) >= NOISE_PCT
+        return True
+
 
 @dataclass(frozen=True)
 class DiffSide:
@@ -54,6 +71,16 @@ class DiffSide:
     machine: str
     machine_fingerprint: str
     path: str
+    role: str = "run"
+    reason: str = ""
+
+    @property
+    def title(self) -> str:
+        """``20261130T…-a7576174 (2026-11-30T00:15:25Z, vm: NVIDIA H200)``, with ``evidence``."""
+        extra = ""
+        if self.role == "evidence":
+            extra = f"; evidence{', ' + self.reason if self.reason else ''}"
+        return f"{self.run_id} ({self.time}, {self.machine}{extra})"
 
 
 @dataclass(frozen=True)
@@ -100,20 +127,26 @@ def diff_runs(plan: Plan, old: RunRecord, new: RunRecord, *, labels: tuple[str, 
     old_metrics = {key: value for key, value in old.metrics().items() if key[0] in shared}
     new_metrics = {key: value for key, value in new.metrics().items() if key[0] in shared}
     keys = list(old_metrics) + [key for key in new_metrics if key not in old_metrics]
+    ran_old, ran_new = _gates_that_ran(old), _gates_that_ran(new)
     rows = []
     for key in keys:
         phase, gate_name, metric = key
+        old_value = old_metrics.get(key, _MISSING)
+        new_value = new_metrics.get(key, _MISSING)
+        not_run = (old_value is _MISSING and (phase, gate_name) not in ran_old) or (
+            new_value is _MISSING and (phase, gate_name) not in ran_new)
         spec = _gate_spec(plan, phase, gate_name)
         threshold = spec.expect.get(metric) if spec is not None else None
         tolerance = spec.tolerance.get(metric) if spec is not None else None
         rows.append(
             compare_metric(
                 phase, gate_name, metric,
-                old_metrics.get(key, _MISSING), new_metrics.get(key, _MISSING),
+                old_value, new_value,
                 threshold=str(threshold) if threshold is not None else None,
                 direction=_DIRECTIONS.get(threshold.op) if threshold is not None else None,
                 tolerance=tolerance,
                 comparable=comparable,
+                not_run=not_run,
             )
         )
     return MetricsDiff(
@@ -132,13 +165,15 @@ _MISSING = _Missing()
 def compare_metric(
     phase: str, gate: str, metric: str, old: object, new: object, *,
     threshold: str | None, direction: Direction | None, tolerance: float | None, comparable: bool,
+    not_run: bool = False,
 ) -> MetricDelta:
-    """One row of the diff; ``old``/``new`` are ``_MISSING`` when a run did not report it."""
+    """One row of the diff; ``old``/``new`` are ``_MISSING`` when a run did not report it
+    (``not_run``: because the gate did not run in that run)."""
     delta = delta_pct = None
     if _is_number(old) and _is_number(new):
         delta = float(new) - float(old)
         delta_pct = 100.0 * delta / abs(float(old)) if old != 0 else None
-    verdict = _verdict(old, new, delta, direction, tolerance, comparable)
+    verdict = "not run" if not_run else _verdict(old, new, delta, direction, tolerance, comparable)
     return MetricDelta(
         phase=phase, gate=gate, metric=metric,
         old=None if old is _MISSING else old, new=None if new is _MISSING else new,
@@ -168,6 +203,15 @@ def _verdict(old, new, delta, direction, tolerance, comparable) -> Verdict:
     return "regression" if relative > tolerance else "within tolerance"
 
 
+def _gates_that_ran(run: RunRecord) -> set[tuple[str, str]]:
+    return {
+        (phase.phase, gate.name)
+        for phase in run.phase_results()
+        for gate in phase.gates
+        if gate.outcome not in ("BLOCKED", "SKIPPED")
+    }
+
+
 def _is_number(value: object) -> bool:
     return (
         isinstance(value, numbers.Real)
@@ -187,11 +231,13 @@ def _side(label: str, run: RunRecord, root: Path | None) -> DiffSide:
     return DiffSide(
         label=label, run_id=run.run_id, time=run.results.created, machine=describe_machine(run.machine),
         machine_fingerprint=run.machine.fingerprint, path=display_path(run.path, root),
+        role=run.meta.role, reason=run.meta.reason,
     )
 
 
 def _json_row(row: MetricDelta) -> dict:
     data = asdict(row)
+    data["notable"] = row.notable
     for key in ("old", "new"):
         value = data[key]
         if isinstance(value, float) and not math.isfinite(value):

@@ -3,6 +3,20 @@
 A gate runs as the leader of its own session and process group (``start_new_session``), so
 the group id is the leader's pid. Liveness is read from ``/proc`` where it exists, because
 orphaned zombies are not always reaped in containers and ``killpg(pgid, 0)`` counts them.
+
+What ends a gate, and what cannot be prevented:
+
+* A second Ctrl-C or SIGTERM while ``end_group`` waits out the grace period sends SIGKILL to
+  the group at once (then the interrupt goes on): an impatient user never leaves it running.
+* On Linux the gate's main process is started through ``with_parent_death_signal``: a tiny
+  exec wrapper sets ``PR_SET_PDEATHSIG`` to SIGKILL, so a runner killed with SIGKILL (which
+  runs no cleanup) takes the gate's main process with it. The kernel sends that signal when
+  the *thread* that started the gate ends, so gates must be started from a thread that lives
+  as long as they do (the runner starts them from the main thread).
+* Not preventable: the gate's other processes do not get that signal (only the main one),
+  and a process that leaves the group (``setsid``, a double fork) is out of reach of both
+  ``killpg`` and the parent-death signal, as is a process that resets its own
+  ``PR_SET_PDEATHSIG``. A gate that must not leave processes behind has to end them itself.
 """
 
 from __future__ import annotations
@@ -10,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,11 +44,42 @@ def end_group(proc: subprocess.Popen, grace_s: float) -> int:
     if not members:
         return 0
     signal_group(pgid, signal.SIGTERM)
-    if not wait_group_gone(pgid, proc, grace_s):
+    try:
+        gone = wait_group_gone(pgid, proc, grace_s)
+    except BaseException:  # a second interrupt during the grace period: no more grace
+        signal_group(pgid, signal.SIGKILL)
+        raise
+    if not gone:
         signal_group(pgid, signal.SIGKILL)
         wait_group_gone(pgid, proc, _KILL_WAIT_S)
     proc.poll()
     return len(members)
+
+
+# Run with ``python -I -S -c``: set PR_SET_PDEATHSIG, make sure the parent did not die before
+# that (then it would never come), then exec the gate's command in this same process.
+_DEATHSIG_WRAPPER = """
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:
+    sys.stderr.write("runner: PR_SET_PDEATHSIG failed; the gate runs without it\\n")
+if os.getppid() != int(sys.argv[1]):
+    os._exit(137)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.stderr.write(f"runner: cannot run {sys.argv[2]!r}: {exc}\\n")
+    os._exit(127)
+"""
+
+
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run through a wrapper that sets ``PR_SET_PDEATHSIG`` (SIGKILL) for the process
+    and then execs ``argv`` in it (same pid, so the same process group and exit status). On
+    systems other than Linux ``argv`` is returned as it is."""
+    if not sys.platform.startswith("linux") or not argv:
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _DEATHSIG_WRAPPER, str(os.getpid()), *argv]
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

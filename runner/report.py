@@ -1,14 +1,16 @@
 """The evidence of a run: ``reports/<plan>/<phase>/<run-id>/``.
 
 A run's folder holds ``results.json`` (the ``ResultsFile`` of the run), ``report.md`` (rendered
-from ``runner/templates/report.md.j2``), the gate logs the run wrote there and the gates'
+from ``runner/templates/report.md.j2``), ``run.json`` (``RunMeta``: what the run was for and
+whether the plan records its outcome), the gate logs the run wrote there and the gates'
 artifacts as ``<gate>-<name>``. ``report.md`` shows every ``*.md`` artifact inline under its
 gate, so the benchmark table and the build summary read in place.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runner.formatting import MARKDOWN_FILTERS, format_metric, table_cell
@@ -18,6 +20,43 @@ from runner.templating import template_env
 from runner.workspace import safe_name
 
 TEMPLATE = "report.md.j2"
+RUN_META = "run.json"
+ROLES = ("run", "evidence")
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """What a run was for, kept next to its results (``run.json``).
+
+    ``role``: ``run`` (a run of the phase that is next, whose outcome the plan may record) or
+    ``evidence`` (a run of a phase that waits on an earlier one; never changes the plan).
+    ``recorded``: whether the plan's status was set from this run; a run that could only block
+    on a phase that already holds an earlier run's verdict leaves the plan alone.
+    ``reason``: why (``waiting on `kernel```, ``the plan keeps failed from run ...``).
+    """
+
+    role: str = "run"
+    recorded: bool = True
+    reason: str = ""
+
+    @property
+    def evidence(self) -> bool:
+        return self.role == "evidence"
+
+
+def read_run_meta(run_dir: Path) -> RunMeta:
+    """The run's ``run.json``; runs written before it existed (or a damaged one) read as a
+    recorded ``run``."""
+    try:
+        data = json.loads((Path(run_dir) / RUN_META).read_bytes()[:65536])
+    except (OSError, ValueError):
+        return RunMeta()
+    if not isinstance(data, dict):
+        return RunMeta()
+    role = data.get("role") if data.get("role") in ROLES else "run"
+    recorded = data.get("recorded") if isinstance(data.get("recorded"), bool) else role == "run"
+    reason = data.get("reason") if isinstance(data.get("reason"), str) else ""
+    return RunMeta(role, recorded and role == "run", reason[:500])
 
 
 @dataclass(frozen=True)
@@ -35,6 +74,7 @@ class ReportContext:
     base: str | None = None
     source: str = "local run"
     notes: list[str] = field(default_factory=list)
+    meta: RunMeta = field(default_factory=RunMeta)
 
 
 def artifact_file_name(gate: str, name: str) -> str:
@@ -51,6 +91,7 @@ def write_report(run_dir: Path, results: ResultsFile, context: ReportContext) ->
         for gate in phase_results.gates:
             for name, text in gate.artifacts.items():
                 _write_text(run_dir / artifact_file_name(gate.name, name), text)
+    _write_text(run_dir / RUN_META, json.dumps(asdict(context.meta), indent=2) + "\n")
     report = run_dir / "report.md"
     _write_text(report, render_report(results, context, run_dir=run_dir))
     return report
@@ -65,6 +106,7 @@ def render_report(results: ResultsFile, context: ReportContext, *, run_dir: Path
         plan=context.plan,
         phase=context.phase,
         outcome=context.outcome,
+        meta=context.meta,
         base=context.base,
         source=context.source,
         notes=context.notes,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from runner.atomic import write_atomic
 from runner.errors import ResultsError
+from runner.gateoutput import OutputError, parse_json, read_bounded
 from runner.machine import MachineInfo
 from runner.timeutil import iso_ms
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from runner.thresholds import Threshold
 
 RESULTS_SCHEMA = 1
+MAX_RESULTS_BYTES = 64 << 20
+MAX_RESULTS_DEPTH = 16
 
 Outcome = Literal["PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"]
 MetricValue = bool | int | float | str | None
@@ -152,15 +155,12 @@ class ResultsFile(BaseModel):
         """Read a results file; raise ``ResultsError`` naming the file and what is wrong."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ResultsError(f"{path}: cannot read the results file: {exc}") from exc
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ResultsError(
-                f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
-            ) from exc
+            raw = read_bounded(path, MAX_RESULTS_BYTES, what="the results file")
+            if raw is None:
+                raise ResultsError(f"{path}: cannot read the results file: no such file")
+            data = parse_json(raw, what="the results file", max_depth=MAX_RESULTS_DEPTH, unique_keys=True)
+        except OutputError as exc:
+            raise ResultsError(f"{path}: {exc}") from None
         if not isinstance(data, dict):
             raise ResultsError(
                 f"{path}: a results file is a JSON object, got {type(data).__name__}"
@@ -172,13 +172,67 @@ class ResultsFile(BaseModel):
                 f"results_schema {RESULTS_SCHEMA} (use the runner version that wrote the file)"
             )
         try:
-            return cls.model_validate(data)
+            results = cls.model_validate(data, strict=True)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(part) for part in err['loc']) or '<top>'}: {err['msg']}"
-                for err in exc.errors()
+                for err in exc.errors(include_url=False)[:10]
             )
-            raise ResultsError(f"{path}: invalid results file: {problems}") from exc
+            raise ResultsError(f"{path}: invalid results file: {problems}") from None
+        problems = consistency_problems(results)
+        if problems:
+            raise ResultsError(f"{path}: inconsistent results file: " + "; ".join(problems[:10]))
+        return results
+
+
+def consistency_problems(results: ResultsFile) -> list[str]:
+    """What makes ``results`` impossible for a runner to have written: a phase or gate that
+    appears twice, an unknown gate kind, a PASS whose process did not exit 0 or whose checks
+    failed, an outcome with a signal but no FAIL/ERROR, a BLOCKED or SKIPPED gate with a
+    process. (Thresholds are re-checked against the metrics by the caller.)"""
+    from runner.schema import GATE_KINDS
+
+    problems: list[str] = []
+    phases = [phase.phase for phase in results.phases]
+    problems += [f"phase {name!r} appears {phases.count(name)} times" for name in sorted(set(phases))
+                 if phases.count(name) > 1]
+    for phase in results.phases:
+        names = [gate.name for gate in phase.gates]
+        problems += [f"phase {phase.phase!r}: gate {name!r} appears {names.count(name)} times"
+                     for name in sorted(set(names)) if names.count(name) > 1]
+        for gate in phase.gates:
+            where = f"phase {phase.phase!r} gate {gate.name!r}"
+            if gate.kind not in GATE_KINDS:
+                problems.append(f"{where}: unknown kind {gate.kind!r}")
+            if gate.outcome == "PASS":
+                if gate.exit_code != 0 or gate.signal is not None:
+                    problems.append(f"{where}: PASS but exit code {gate.exit_code} and signal {gate.signal}")
+                if any(not check.ok for check in gate.checks):
+                    problems.append(f"{where}: PASS with a failed check")
+            if gate.outcome in ("BLOCKED", "SKIPPED") and (gate.exit_code is not None or gate.signal is not None):
+                problems.append(f"{where}: {gate.outcome} but a process ran (exit code or signal recorded)")
+            if gate.exit_code is not None and gate.signal is not None:
+                problems.append(f"{where}: both an exit code and a signal")
+    return problems
+
+
+def plan_problems(gates: Iterable[GateResult], planned: Iterable[object]) -> list[str]:
+    """How recorded ``gates`` differ from the phase's ``planned`` gates (anything with ``name``
+    and ``kind``), apart from missing ones (reported by the caller): a gate the plan does not
+    have, a gate recorded with another kind than the plan gives it, or gates in another order."""
+    plan = {getattr(gate, "name"): getattr(gate, "kind") for gate in planned}
+    problems = []
+    recorded = list(gates)
+    for gate in recorded:
+        if gate.name not in plan:
+            problems.append(f"gate {gate.name!r} is not a gate of this phase in the plan")
+        elif gate.kind != plan[gate.name]:
+            problems.append(f"gate {gate.name!r} is recorded as {gate.kind}, the plan says {plan[gate.name]}")
+    order = [gate.name for gate in recorded if gate.name in plan]
+    expected = [name for name in plan if name in order]
+    if order != expected:
+        problems.append(f"gates recorded in the order {', '.join(order)}, not the plan's {', '.join(expected)}")
+    return problems
 
 
 def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:

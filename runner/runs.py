@@ -18,7 +18,7 @@ from pathlib import Path
 
 import runner
 from runner.errors import ExitCode
-from runner.execute import ProgressFn, run_steps
+from runner.execute import ProgressFn, StartFn, run_steps
 from runner.machine import MachineInfo
 from runner.planning import GateStep
 from runner.results import GateResult, Outcome, PhaseResults, ResultsFile
@@ -28,6 +28,17 @@ from runner.workspace import REPORTS_DIR, Workspace, safe_name
 
 ResultFn = Callable[[str, GateResult], None]
 """Called with (phase id, result) as soon as each gate's result is known."""
+PhaseStartFn = Callable[[str, str, Path], None]
+"""Called with (phase id, gate name, log file) as a gate starts."""
+
+PROGRAM = "runner"
+"""How the user runs this command (``.venv/bin/runner``, ``python -m runner``); the command
+line sets it, so hints name commands that work as typed."""
+
+
+def set_program(name: str) -> None:
+    global PROGRAM
+    PROGRAM = name
 
 
 def new_run_id(fingerprint: str, moment: datetime | None = None) -> str:
@@ -97,6 +108,7 @@ def run_phase(
     on_result: ResultFn | None = None,
     on_progress: ProgressFn | None = None,
     keep_going: bool = False,
+    on_start: PhaseStartFn | None = None,
 ) -> list[GateResult]:
     """Run ``steps`` of ``phase`` in order (stopping at the first failure unless ``keep_going``);
     logs in ``log_dir``."""
@@ -108,6 +120,7 @@ def run_phase(
         on_result=(lambda result: on_result(phase.id, result)) if on_result else None,
         on_progress=on_progress,
         keep_going=keep_going,
+        on_start=(lambda gate, log: on_start(phase.id, gate, log)) if on_start else None,
     )
 
 
@@ -116,8 +129,8 @@ def finish_elsewhere_hint(phase: Phase, steps: Sequence[GateStep]) -> str:
     devices = sorted({req for step in steps if step.action == "blocked" for req in step.gate.requires})
     where = " and ".join(devices) if devices else "the devices its gates require"
     return (
-        f"run `runner gate {phase.id} --out results.json` on a machine with {where}, "
-        "copy results.json back, then `runner advance --results results.json`"
+        f"run `python -m runner gate {phase.id} --out results.json` in a copy of this tree on a "
+        f"machine with {where}, copy results.json back, then `{PROGRAM} advance --results results.json`"
     )
 
 

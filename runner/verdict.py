@@ -8,13 +8,12 @@ only after a timeout or an interrupt, so the kernel's out-of-memory killer is th
 
 from __future__ import annotations
 
-import json
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import callgate
+from runner import callgate, gateoutput
 from runner.protocol import GateFiles
 from runner.results import MetricCheck, check_thresholds
 
@@ -40,7 +39,9 @@ def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, fi
     expect = getattr(gate, "expect", None) or {}
     checks = check_thresholds(expect, metrics) if metrics_problem is None else []
     fields = {"metrics": metrics, "checks": checks, "exit_code": exit_code, "signal": sig_name}
-    status = callgate.read_status(files.status) if getattr(gate, "call", None) else None
+    status = (
+        gateoutput.read_status(files.status, callgate.EXIT_CODES) if getattr(gate, "call", None) else None
+    )
 
     if timed_out:
         return Verdict("FAIL", f"timed out after {timeout:g} s", **fields)
@@ -62,16 +63,9 @@ def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, fi
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:
     """The metrics a gate reported (``{}`` when it wrote none) and a problem, if any."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, UnicodeDecodeError) as exc:
-        return {}, f"metrics file unreadable: {exc}"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return {}, f"metrics file is not valid JSON ({exc.msg} at line {exc.lineno})"
+    data, problem = gateoutput.read_json(path, what="metrics file")
+    if problem is not None or data is None:
+        return {}, problem
     if not isinstance(data, dict):
         return {}, f"metrics file holds a JSON {type(data).__name__}, not an object"
     bad = [key for key, value in data.items() if not _is_scalar(value)]

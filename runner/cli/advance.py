@@ -13,15 +13,32 @@ from runner.workspace import open_workspace
 
 
 def advance(
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     results: Annotated[
         Path | None,
         typer.Option(
-            "--results",
+            "--results", metavar="FILE",
             help="Checkpoint results written by `runner gate PHASE --out FILE` on another machine "
             "instead of running the gates here.",
         ),
     ] = None,
+    phase: Annotated[
+        str | None,
+        typer.Option(
+            "--phase",
+            metavar="PHASE",
+            help="The phase to run. Without --evidence it must be the next one (phases are "
+            "checkpointed in order).",
+        ),
+    ] = None,
+    evidence: Annotated[
+        bool,
+        typer.Option(
+            "--evidence",
+            help="Run (or, with --results, import) the gates of a later phase that waits on an "
+            "earlier one and keep the report as evidence: no status change, no commit.",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show the phase and its gate steps; change nothing.")
     ] = False,
@@ -40,8 +57,13 @@ def advance(
 
     On a pass the plan is updated and one commit (tagged PLAN/PHASE) holds the plan, the run's
     report folder and the phase's paths. A failure or a blocked gate is recorded in the plan
-    and the report, with no commit. Only one runner works in a repository at a time: a second
-    one names the holder of the lock and exits with code 2, or waits with --wait.
+    and the report, with no commit; a run that could only block leaves an earlier run's verdict
+    in the plan. Only one runner works in a repository at a time: a second one names the
+    holder of the lock and exits with code 2, or waits with --wait.
+
+    With --evidence (and --phase PHASE or --results FILE), the gates of a phase that waits on
+    an earlier one run anyway; the report is kept under reports/ as evidence, the plan is not
+    changed and nothing is committed.
     """
     output = GateOutput()
     with domain_errors():
@@ -52,8 +74,11 @@ def advance(
                 results_path=results,
                 dry_run=dry_run,
                 wait_s=wait,
+                phase_id=phase,
+                evidence=evidence,
                 on_result=output.on_result,
                 on_progress=output.on_progress,
+                on_start=output.on_start,
             )
     for line in outcome.messages:
         typer.echo(line, err=outcome.exit_code != 0)

@@ -20,23 +20,25 @@ def gate(
     completed: Annotated[
         bool, typer.Option("--completed", help="Run the gates of every complete phase.")
     ] = False,
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Write the results, bound to the tree fingerprint and this machine."),
+        typer.Option("--out", metavar="FILE", help="Write the results, bound to the tree fingerprint and this machine."),
     ] = None,
     logs: Annotated[
         Path | None,
-        typer.Option("--logs", help="Keep the gate logs in this folder (default: a temporary one)."),
+        typer.Option("--logs", metavar="DIR",
+                     help="Keep the gate logs in this folder (default: a new folder under the "
+                     "temporary folder, named when the run starts)."),
     ] = None,
     junit: Annotated[
         Path | None,
-        typer.Option("--junit", help="Write JUnit XML (a testsuite per phase, a testcase per gate) for CI."),
+        typer.Option("--junit", metavar="FILE", help="Write JUnit XML (a testsuite per phase, a testcase per gate) for CI."),
     ] = None,
     summary: Annotated[
         Path | None,
         typer.Option(
-            "--summary",
+            "--summary", metavar="FILE",
             help="Append a Markdown summary (outcomes, metrics vs thresholds), e.g. to $GITHUB_STEP_SUMMARY.",
         ),
     ] = None,
@@ -69,6 +71,8 @@ def gate(
                 on_result=output.on_result,
                 on_progress=output.on_progress,
                 keep_going=keep_going,
+                on_start=output.on_start,
+                on_logs=output.on_logs,
             )
     for line in check.messages:
         typer.echo(line, err=check.exit_code != 0)

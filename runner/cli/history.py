@@ -9,16 +9,18 @@ from typing import Annotated
 import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
-from runner.formatting import short, text_columns
-from runner.history import describe_machine, find_runs, plan_checkpoints
+from runner.formatting import format_metric, short, text_columns
+from runner.history import RunRecord, describe_machine, find_runs, plan_checkpoints
+from runner.report import headline_metrics
+from runner.schema import Plan
 from runner.workspace import open_workspace
 
 
 def history(
     phase: Annotated[
-        str | None, typer.Argument(help="Only this phase's runs and checkpoint.", show_default=False)
+        str | None, typer.Argument(help="Only this phase's runs and checkpoint.", metavar="[PHASE]", show_default=False)
     ] = None,
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List the runs of the plan (oldest first: run id, time, outcome, machine, fingerprints)
@@ -33,17 +35,19 @@ def history(
     if as_json:
         typer.echo(json.dumps({
             "plan": {"id": ws.plan.id, "path": ws.plan_rel},
-            "runs": [run.to_json(ws.root) for run in scan.runs],
+            "runs": [{**run.to_json(ws.root), "headline": _headline(ws.plan, run)} for run in scan.runs],
             "checkpoints": [record.to_json() for record in checkpoints],
             "skipped": scan.skipped,
         }, indent=2))
         return
     lines = [f"plan {ws.plan.id} ({ws.plan_rel})", "", "runs:"]
     if scan.runs:
-        rows = [("phase", "run", "time", "outcome", "machine", "tree", "machine fp")]
+        rows = [("phase", "run", "time", "outcome", "machine", "tree", "machine fp", "headline", "note")]
         rows += [
             (run.phase or "-", run.path.parent.name, run.results.created, run.outcome,
-             describe_machine(run.machine), short(run.results.fingerprint), short(run.machine.fingerprint))
+             describe_machine(run.machine), short(run.results.fingerprint), short(run.machine.fingerprint),
+             ", ".join(f"{k}={format_metric(v)}" for k, v in _headline(ws.plan, run).items()) or "-",
+             _note(run))
             for run in scan.runs
         ]
         lines += text_columns(rows)
@@ -62,3 +66,23 @@ def history(
         lines.append(f"skipped: {problem}")
     typer.echo("\n".join(lines))
 
+
+
+def _headline(plan: Plan, run: RunRecord) -> dict:
+    """The run's headline metrics for its phase (``{}`` for a file of several phases)."""
+    if run.phase is None:
+        return {}
+    try:
+        phase = plan.phase(run.phase)
+    except Exception:  # noqa: BLE001 - a folder of a phase the plan no longer has
+        return {}
+    [results] = run.phase_results()
+    return headline_metrics(phase, results.gates)
+
+
+def _note(run: RunRecord) -> str:
+    if run.evidence:
+        return f"evidence ({run.meta.reason})" if run.meta.reason else "evidence"
+    if not run.meta.recorded:
+        return run.meta.reason or "not recorded in the plan"
+    return ""

@@ -13,10 +13,10 @@ from runner.workspace import open_workspace
 
 
 def report(
-    plan: Annotated[Path | None, typer.Option("--plan", help=PLAN_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Where to write the page (default: reports/index.html under the root)."),
+        typer.Option("--out", metavar="FILE", help="Where to write the page (default: reports/index.html under the root)."),
     ] = None,
 ) -> None:
     """Write one static HTML page for the plan: the phases as a timeline with their

@@ -92,8 +92,7 @@ def test_regression_beyond_tolerance_on_the_same_machine(tmp_path, runner_env):
     assert row.split()[-1] == "regression"
     assert "2" in row and "1.8" in row and "-0.2" in row and "-10.0%" in row and "5%" in row
     assert "1 regression(s)" in result.stdout
-    assert "errors" not in result.stdout  # unchanged metrics only with --all
-    assert " errors " in cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--all").stdout
+    assert " errors " in result.stdout  # a metric with a threshold is always shown
 
 
 def test_within_tolerance_is_no_regression(tmp_path, runner_env):
@@ -151,3 +150,54 @@ def test_real_kernel_run_against_itself_on_the_shipped_plan():
     assert result.comparable and not result.regressions
     assert {row.verdict for row in result.rows} == {"unchanged"}
     assert any(row.metric == "min_speedup_64k" and row.threshold == ">= 5" for row in result.rows)
+
+
+# --- what is shown by default, "not run", Markdown ------------------------------------------------
+
+
+def _record(run_id, gates, phase="alpha"):
+    from pathlib import Path
+
+    from runner.history import RunRecord
+
+    run = results(run_id=run_id, created="2026-12-01T10:00:00Z", gates=gates, phase=phase)
+    return RunRecord(path=Path("/nonexistent") / run_id / "results.json", results=run, phase=phase)
+
+
+def _gate(name, outcome, metrics):
+    blocked = outcome in ("BLOCKED", "SKIPPED")
+    return gate_result(name, outcome=outcome, metrics=metrics, exit_code=None if blocked else 0,
+                       duration_s=0.0 if blocked else 1.5)
+
+
+def test_gate_that_did_not_run_is_not_run_not_removed(tmp_path):
+    from runner.planfile import load_plan
+
+    repo = make_repo(tmp_path / "repo", tolerant_phases({}))
+    plan = load_plan(repo.plan).plan
+    old = _record("r1", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 1.0})])
+    new = _record("r2", [_gate("check", "BLOCKED", {})])
+    result = diff_runs(plan, old, new)
+    assert {row.verdict for row in result.rows} == {"not run"}
+
+
+def test_noise_without_threshold_is_hidden_by_default(tmp_path):
+    from runner.planfile import load_plan
+
+    repo = make_repo(tmp_path / "repo", tolerant_phases({}))
+    plan = load_plan(repo.plan).plan
+    old = _record("r1", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.0, "n": 5})])
+    new = _record("r2", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.2, "n": 9})])
+    shown = {row.metric for row in diff_runs(plan, old, new).rows if row.notable}
+    assert shown == {"speedup", "errors", "n"}  # thresholds always; t_ms moved 0.2%: noise
+
+
+def test_markdown_format(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({"speedup": "5%"}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.8)
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--format", "markdown")
+    assert result.exit_code == 1
+    assert "| phase | gate | metric |" in result.stdout and "**regression**" in result.stdout
+    bad = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--format", "html")
+    assert bad.exit_code == 2

@@ -110,15 +110,25 @@ def test_message_trailers_and_tag(tmp_path):
     assert repo.head() == sha
 
 
-def test_retag_moves_the_tag(tmp_path):
+def test_existing_tag_is_refused_never_moved(tmp_path):
     root = new_repo(tmp_path / "repo")
     repo = CheckpointRepo(root)
     write(root, "plan.md", "one\n")
     first = repo.checkpoint(["plan.md"], "one", "runner/p", "one")
     write(root, "plan.md", "two\n")
-    second = repo.checkpoint(["plan.md"], "two", "runner/p", "two")
-    assert first != second and repo.tag_commit("runner/p") == second
-    assert repo.commit_message(second) == "two\n"
+    before = state(root)
+    with pytest.raises(GitError, match="already exists"):
+        repo.checkpoint(["plan.md"], "two", "runner/p", "two")
+    assert repo.tag_commit("runner/p") == first and state(root) == before
+
+
+def test_signing_configuration_does_not_sign_or_prompt(tmp_path):
+    root = new_repo(tmp_path / "repo")
+    git(root, "config", "tag.gpgSign", "true")
+    git(root, "config", "gpg.program", "false")
+    write(root, "plan.md", "one\n")
+    sha = CheckpointRepo(root).checkpoint(["plan.md"], "one", "runner/s", "one")
+    assert CheckpointRepo(root).tag_commit("runner/s") == sha
 
 
 def test_first_commit_in_an_empty_repository(tmp_path):

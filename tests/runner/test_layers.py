@@ -77,3 +77,17 @@ def test_only_the_cli_imports_the_cli():
     for module, targets in GRAPH.items():
         if not module.startswith("runner.cli") and module != "runner.__main__":
             assert not {t for t in targets if t.startswith("runner.cli")}, module
+
+
+def test_one_clock_only_timeutil_reads_the_time():
+    """``runner.timeutil`` is the one UTC clock: no other module calls ``datetime.now``."""
+    for path in RUNNER.rglob("*.py"):
+        if path.name == "timeutil.py":
+            continue
+        assert "datetime.now(" not in path.read_text(encoding="utf-8"), path
+
+
+def test_checkpoint_repo_has_no_unused_branch_query():
+    from runner.gitops import CheckpointRepo
+
+    assert not hasattr(CheckpointRepo, "branch")

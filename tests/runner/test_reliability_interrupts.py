@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from runner import checkpoint
 from runner.planfile import load_plan
 from tests.runner.gate_helpers import group_alive
 from tests.runner.repo_fixtures import (
@@ -31,19 +32,29 @@ from tests.runner.repo_fixtures import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _wait_for(path: Path, seconds: float = 300.0) -> bool:
+    """Wait for ``path`` to appear: a readiness signal, with a limit only against a hang."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
+    started = tmp_path / "started"  # outside the tree; the gate creates it once it is running
     phases = default_phases()
     phases[0]["gates"] = [gate("build", "build", "echo built"),
-                          gate("check", "verify", "echo partial output; touch started; sleep 30"),
+                          gate("check", "verify", f"echo partial output; touch {started}; exec sleep 600",
+                               timeout=900),
                           gate("late", "verify", "true")]
     repo = make_repo(tmp_path / "repo", phases)
     before = repo.plan.read_bytes()
 
     def interrupt_when_started():
-        deadline = time.monotonic() + 10
-        while not (repo.root / "started").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)
+        if _wait_for(started):  # never signal before the gate runs, however loaded the machine
+            os.kill(os.getpid(), signal.SIGINT)
 
     thread = threading.Thread(target=interrupt_when_started)
     thread.start()
@@ -64,11 +75,23 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
 # --- SIGKILL at random moments ------------------------------------------------------------------
 
 TRIALS = 50
-WORKERS = 4
+WORKERS = 2
 _SITECUSTOMIZE = """
-from runner import machine
+import os, time
+from runner import checkpoint, machine
 from tests.runner.repo_fixtures import fake_machine
 machine.probe_machine = lambda *args, **kwargs: fake_machine()
+_pause = os.environ.get("RUNNER_TEST_PAUSE_AT")
+if _pause:  # a readiness signal: at this checkpoint step, say so and wait for the SIGKILL
+    step_name, _, marker = _pause.partition(":")
+
+    def _hold(step):
+        if step == step_name:
+            open(marker, "w").close()
+            while True:
+                time.sleep(60)
+
+    checkpoint.set_fault_hook(_hold)
 """
 
 
@@ -96,6 +119,12 @@ def _check_consistent(root: Path, base: str, old_plan: bytes) -> None:
     if head != base:
         assert _git(root, "rev-parse", "HEAD~1").stdout.strip() == base
         assert "Runner-Phase: alpha" in _git(root, "log", "-1", "--format=%B").stdout
+        assert _git(root, "rev-parse", "demo/alpha^{commit}").stdout.strip() == head  # with its tag
+        if now == old_plan:  # killed after publishing, before the plan was written: recover ends it
+            found = checkpoint.recover(root, plan_rel="plans/demo.md")
+            assert found.problems == [], found
+            now = plan.read_bytes()
+            assert _git(root, "diff", "--cached", "--", "plans").stdout == ""
         assert _git(root, "show", "HEAD:plans/demo.md").stdout.encode() == now
         assert load_plan(plan).plan.phase("alpha").status == "complete"
 
@@ -109,16 +138,43 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, runner_env):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     fake_machine()  # the same fixed machine in the subprocesses
 
-    def start(work: Path) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "runner", "advance"], cwd=work, env=env,
+    def start(work: Path, extra: dict[str, str] | None = None) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "runner", "advance"], cwd=work, env={**env, **(extra or {})},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def settle(proc: subprocess.Popen) -> None:
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 120  # let the git commands it started finish
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def held_at(step: str) -> Path:
+        """A run SIGKILLed exactly when it reaches ``step`` of the checkpoint."""
+        work = tmp_path / f"held-{step}"
+        shutil.copytree(template.root, work, symlinks=True)
+        marker = tmp_path / f"at-{step}"
+        proc = start(work, {"RUNNER_TEST_PAUSE_AT": f"{step}:{marker}"})
+        assert _wait_for(marker), f"the run never reached {step}"
+        settle(proc)
+        _check_consistent(work, base, old_plan)
+        return work
+
+    # the states a kill can leave, each made on purpose: before publishing (the old plan, the
+    # lock left behind) and after it (a published checkpoint the work tree does not show yet)
+    before_publish = held_at("publish")
+    assert (before_publish / ".git" / "runner.lock").exists()
+    assert _git(before_publish, "rev-parse", "HEAD").stdout.strip() == base
+    assert (before_publish / "plans/demo.md").read_bytes() == old_plan
+    after_publish = held_at("index")  # _check_consistent has recover() finish it
+    assert _git(after_publish, "rev-parse", "HEAD~1").stdout.strip() == base
 
     def full_run(number: int) -> float:
         work = tmp_path / f"full{number}"
         shutil.copytree(template.root, work, symlinks=True)
         t0 = time.monotonic()
-        assert start(work).wait(60) == 0
+        assert start(work).wait(600) == 0
         took = time.monotonic() - t0
         _check_consistent(work, base, old_plan)
         assert _git(work, "rev-parse", "HEAD~1").stdout.strip() == base
@@ -136,11 +192,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, runner_env):
         shutil.copytree(template.root, work, symlinks=True)
         proc = start(work)
         time.sleep(delays[number])
-        proc.kill()
-        proc.wait()
-        deadline = time.monotonic() + 10  # let the git commands it started finish
-        while group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        settle(proc)
         _check_consistent(work, base, old_plan)
         if _git(work, "rev-parse", "HEAD").stdout.strip() != base:
             return work, "commit"
@@ -150,9 +202,9 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, runner_env):
         outcomes = list(pool.map(trial, range(TRIALS)))
 
     locks_left = [work for work, _ in outcomes if (work / ".git" / "runner.lock").exists()]
-    assert locks_left and any(kind == "old plan" for _, kind in outcomes), outcomes
     # the next advance takes over the stale lock and works, whatever moment the kill hit
-    for work, kind in outcomes[:: max(1, TRIALS // 8)] + [(w, "") for w in locks_left[:4]]:
+    held = [(before_publish, "held before publish"), (after_publish, "held after publish")]
+    for work, kind in held + outcomes[:: max(1, TRIALS // 8)] + [(w, "") for w in locks_left[:4]]:
         again = cli(runner_env, work, "advance")
         assert again.exit_code == 0, (work.name, kind, again.text)
         assert not (work / ".git" / "runner.lock").exists()
