@@ -140,7 +140,10 @@ def plain_help() -> None:
 
     if getattr(core.TyperArgument, "_runner_plain", False):
         return
-    option_type = core.TyperOption.display_type_rich
+    # These are typer internals (0.2x); on a typer without them keep its own wording.
+    option_type = getattr(core.TyperOption, "display_type_rich", None)
+    if option_type is None or not hasattr(core.TyperArgument, "display_name_raw"):
+        return
 
     def argument_usage(self) -> str:
         name = self.display_name_raw
