@@ -33,7 +33,7 @@ from runner.gitops import CheckpointRepo
 from runner.history import RunRecord, describe_machine, find_runs
 from runner.lock import repo_lock
 from runner.machine import MachineInfo
-from runner.planning import GateStep, next_phase, plan_run
+from runner.planning import GateStep, next_phase, ordered_gates, plan_run
 from runner.preflight import check_calls, check_paths, check_reports
 from runner.report import ReportContext, RunMeta, headline_metrics, write_report
 from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds, plan_problems
@@ -463,7 +463,7 @@ def load_matching_results(
             f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
         )
     recorded = {gate.name: gate for gate in results.phase(phase.id).gates}
-    problems: list[str] = plan_problems(results.phase(phase.id).gates, phase.gates)
+    problems: list[str] = plan_problems(results.phase(phase.id).gates, ordered_gates(phase))
     for gate in phase.gates:
         result = recorded.get(gate.name)
         if result is None:

@@ -218,8 +218,9 @@ def consistency_problems(results: ResultsFile) -> list[str]:
 
 def plan_problems(gates: Iterable[GateResult], planned: Iterable[object]) -> list[str]:
     """How recorded ``gates`` differ from the phase's ``planned`` gates (anything with ``name``
-    and ``kind``), apart from missing ones (reported by the caller): a gate the plan does not
-    have, a gate recorded with another kind than the plan gives it, or gates in another order."""
+    and ``kind``, in the order a run executes them: ``planning.ordered_gates``), apart from
+    missing ones (reported by the caller): a gate the plan does not have, a gate recorded with
+    another kind than the plan gives it, or gates in another order than a run takes."""
     plan = {getattr(gate, "name"): getattr(gate, "kind") for gate in planned}
     problems = []
     recorded = list(gates)
@@ -231,7 +232,7 @@ def plan_problems(gates: Iterable[GateResult], planned: Iterable[object]) -> lis
     order = [gate.name for gate in recorded if gate.name in plan]
     expected = [name for name in plan if name in order]
     if order != expected:
-        problems.append(f"gates recorded in the order {', '.join(order)}, not the plan's {', '.join(expected)}")
+        problems.append(f"gates recorded in the order {', '.join(order)}, not the order a run of the plan takes: {', '.join(expected)}")
     return problems
 
 

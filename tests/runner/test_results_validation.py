@@ -151,7 +151,7 @@ def _rekind(phase):
 @pytest.mark.parametrize("change, needle", [
     (_extra_gate, "'smuggled' is not a gate of this phase"),
     (_rekind, "recorded as benchmark"),
-    (_swap, "not the plan's"),
+    (_swap, "not the order a run of the plan takes"),
 ])
 def test_results_that_do_not_match_the_plans_gates_are_refused(gpu_results, runner_env, change, needle):
     repo, results = gpu_results
@@ -160,3 +160,24 @@ def test_results_that_do_not_match_the_plans_gates_are_refused(gpu_results, runn
     assert result.exit_code == 2, result.text
     assert needle in result.stderr and "Traceback" not in result.text
     assert repo.commit_count() == 1
+
+
+def test_results_of_a_plan_listing_verify_before_build_are_accepted(tmp_path, runner_env):
+    """A run executes build gates first whatever order the plan lists them in (the shipped
+    plan lists its CPU verify gate first): the runner's own results must import."""
+    from tests.runner.repo_fixtures import copy_without_git, make_repo
+    from tests.runner.test_advance import gpu_phases
+
+    phases = gpu_phases()
+    phases[0]["gates"].reverse()  # verify listed before build
+    repo = make_repo(tmp_path / "repo", phases)
+    host = copy_without_git(repo.root, tmp_path / "gpuhost")
+    runner_env.setenv("RUNNER_DEVICES", "cpu,cuda")
+    made = cli(runner_env, host, "gate", "alpha", "--out", "results.json")
+    runner_env.setenv("RUNNER_DEVICES", "cpu")
+    assert made.exit_code == 0, made.text
+    recorded = [g.name for g in ResultsFile.load(host / "results.json").phases[0].gates]
+    assert recorded == ["build", "check"]
+    result = cli(runner_env, repo.root, "advance", "--results", str(host / "results.json"))
+    assert result.exit_code == 0, result.text
+    assert repo.commit_count() == 2
