@@ -431,3 +431,26 @@ def test_message_fields_cannot_forge_trailers(tmp_path, evil):
     assert [line.split(":")[0] for line in trailers] == list(cp.TRAILER_KEYS)
     assert cp.parse_trailers(stored)["Runner-Phase"] == "alpha"
     assert cp.parse_trailers(stored)["Runner-Plan"] == "demo"
+
+
+def test_recover_removes_the_plan_temp_files_of_dead_runners_only(tmp_path):
+    from runner import atomic
+
+    root = new_repo(tmp_path / "r")
+    made: list[str] = []
+
+    def killed(src, dst):  # the writer dies between writing its temp file and the rename
+        made.append(Path(src).name)
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(atomic.os, "replace", killed)
+        patch.setattr(atomic.Path, "unlink", lambda self, missing_ok=False: None)
+        atomic.write_atomic_bytes(root / PLAN, b"half\n")
+    [mine] = made
+    dead = mine.replace(f"runner-{os.getpid()}-", "runner-999999999-")
+    (root / "plans" / mine).rename(root / "plans" / dead)
+    (root / "plans" / mine).write_bytes(b"a live writer's\n")
+    cp.recover(root, plan_rel=PLAN)
+    assert sorted(p.name for p in (root / "plans").iterdir()) == sorted(["p.md", mine])
+    assert (root / PLAN).read_bytes() == BEFORE
