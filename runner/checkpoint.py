@@ -44,6 +44,7 @@ from pathlib import Path
 
 from runner.atomic import leftover_temps, write_atomic_bytes
 from runner.errors import GitError
+from runner.procgroup import pid_alive
 
 TRAILER_KEYS = ("Runner-Plan", "Runner-Phase", "Runner-Fingerprint", "Runner-Machine", "Runner-Gates")
 _OUTPUT_TAIL_LINES = 20
@@ -437,10 +438,10 @@ def recover(root: Path, *, plan_rel: str, complete_tags: Iterable[str] = ()) -> 
     git_dir = _git_dir(root)
     for scratch in git_dir.glob("runner-index-*"):
         pid = scratch.name.removeprefix("runner-index-").split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             scratch.unlink(missing_ok=True)
     for temp, pid in leftover_temps(root / plan_rel):
-        if not _alive(pid):
+        if not pid_alive(pid):
             temp.unlink(missing_ok=True)
     head = _rev(root, "HEAD^{commit}")
     if head is not None:
@@ -509,16 +510,6 @@ def _index_entry(root: Path, rel: str) -> str | None:
 def _tree_entry(root: Path, rev: str, rel: str) -> str | None:
     out = _out(root, "ls-tree", rev, "--", rel)
     return out.split()[2] if out and "\n" not in out else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- plan helpers for the caller --------------------------------------------------------------
