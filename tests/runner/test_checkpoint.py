@@ -26,13 +26,7 @@ def git(root: Path, *args: str, check: bool = True) -> str:
 
 
 @pytest.fixture(autouse=True)
-def isolated_git(monkeypatch, tmp_path):
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-global-gitconfig"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
-                "GIT_COMMITTER_EMAIL", "EMAIL", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(var, raising=False)
+def isolated_git(runner_env):
     yield
     cp.set_fault_hook(None)
 
