@@ -21,6 +21,7 @@ SIGTERM) during the gates leaves the plan as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from runner.machine import MachineInfo
 from runner.planning import GateStep, next_phase, ordered_gates, plan_run
 from runner.preflight import check_calls, check_paths, check_reports
 from runner.report import ReportContext, RunMeta, headline_metrics, write_report
-from runner.results import GateResult, PhaseResults, ResultsFile, check_thresholds, plan_problems
+from runner.results import GateResult, Outcome, PhaseResults, ResultsFile, check_thresholds, plan_problems
 from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
 from runner.runs import (
     PhaseStartFn,
@@ -139,6 +140,83 @@ def advance(
             )
 
 
+class _GatesInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while the phase's gates ran; the interrupted run's report is written."""
+
+
+def _phase_gates(
+    ws: Workspace,
+    phase: Phase,
+    results_path: Path | None,
+    fingerprint: str,
+    machine: MachineInfo | None,
+    on_result: ResultFn | None,
+    on_progress: ProgressFn | None,
+    on_start: PhaseStartFn | None,
+    *,
+    base: str | None,
+    evidence_reason: str | None = None,
+) -> tuple[RunContext, list[GateStep], list[GateResult], str]:
+    """The phase's run (its folder under ``reports/`` made), the steps it ran, its gate results
+    and where they come from: imported from ``results_path`` (checked by
+    ``load_matching_results``) or the gates run here. With ``evidence_reason`` the run is
+    evidence for a phase that waits. An interrupt while the gates run writes the report of
+    what finished, then raises ``_GatesInterrupted``."""
+    if results_path is not None:
+        imported = load_matching_results(ws, phase, results_path, fingerprint, evidence=evidence_reason is not None)
+        run = RunContext(imported.run_id, imported.created, fingerprint, imported.machine).in_reports(ws, phase.id)
+        source = f"results imported from {Path(results_path).name} (run {run.run_id} on {run.machine.hostname})"
+        return run, [], list(imported.phase(phase.id).gates), source
+    run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
+    steps = plan_run(phase, frozenset(run.machine.devices))
+    finished: list[GateResult] = []
+
+    def record(phase_id: str, result: GateResult) -> None:
+        finished.append(result)
+        if on_result is not None:
+            on_result(phase_id, result)
+
+    try:
+        gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir, on_result=record,
+                          on_progress=on_progress, on_start=on_start)
+    except KeyboardInterrupt as exc:
+        interrupted = run.results(ws, [PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))])
+        meta = None
+        if evidence_reason is not None:
+            meta = RunMeta(role="evidence", recorded=False, reason=f"{evidence_reason}; interrupted")
+        _write_interrupted_report(ws, phase, base, interrupted, run.run_dir, meta)
+        raise _GatesInterrupted(*exc.args) from exc
+    return run, steps, gates, "local run"
+
+
+def _judge(
+    ws: Workspace,
+    phase: Phase,
+    phase_results: PhaseResults,
+    steps: list[GateStep],
+    own_files: list[Path],
+    fingerprint: str,
+    notes: list[str],
+    *,
+    changed: Callable[[str], str],
+) -> Outcome:
+    """The run's outcome, with a note appended to ``notes`` where it needs one: a ``PASS`` on a
+    tree whose fingerprint is no longer ``fingerprint`` is a ``FAIL`` (``changed(now)`` says
+    so), a ``BLOCKED`` one says how to finish elsewhere, and ``SKIPPED`` (no gate ran, which a
+    valid plan cannot give) is not a pass."""
+    outcome = phase_results.outcome
+    if outcome == "PASS":
+        now = ws.fingerprint(own_files)
+        if now != fingerprint:
+            outcome = "FAIL"
+            notes.append(changed(now))
+    elif outcome == "BLOCKED":
+        notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
+    elif outcome == "SKIPPED":
+        outcome = "FAIL"
+    return outcome
+
+
 def _interrupted_gates(steps: list[GateStep], finished: list[GateResult]) -> list[GateResult]:
     """The gates that finished as they are, the one that was running ERROR, the rest SKIPPED."""
     gates = list(finished)
@@ -213,45 +291,18 @@ def _advance_locked(
     own_files = [results_path] if results_path is not None else []
     fingerprint = ws.fingerprint(own_files)
     notes: list[str] = []
-    steps: list[GateStep] = []
-    if results_path is not None:
-        imported = load_matching_results(ws, phase, results_path, fingerprint)
-        gates = list(imported.phase(phase.id).gates)
-        run = RunContext(imported.run_id, imported.created, fingerprint, imported.machine).in_reports(ws, phase.id)
-        source = f"results imported from {Path(results_path).name} (run {run.run_id} on {run.machine.hostname})"
-    else:
-        run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
-        steps = plan_run(phase, frozenset(run.machine.devices))
-        finished: list[GateResult] = []
-
-        def record(phase_id: str, result: GateResult) -> None:
-            finished.append(result)
-            if on_result is not None:
-                on_result(phase_id, result)
-
-        try:
-            gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir, on_result=record,
-                              on_progress=on_progress, on_start=on_start)
-        except KeyboardInterrupt:
-            interrupted = run.results(ws, [PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))])
-            _write_interrupted_report(ws, phase, base, interrupted, run.run_dir)
-            raise
-        source = "local run"
+    run, steps, gates, source = _phase_gates(
+        ws, phase, results_path, fingerprint, machine, on_result, on_progress, on_start, base=base
+    )
     phase_results = PhaseResults(phase=phase.id, gates=gates)
-    outcome = phase_results.outcome
-    if outcome == "PASS":
-        now = ws.fingerprint(own_files)
-        if now != fingerprint:
-            outcome = "FAIL"
-            notes.append(
-                f"Every gate passed, but the tree changed while they ran (fingerprint {fingerprint} "
-                f"at the start, {now} at the end), so nothing was committed. Run advance again on a "
-                "tree that nobody edits meanwhile."
-            )
-    elif outcome == "BLOCKED":
-        notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
-    elif outcome == "SKIPPED":  # no gate ran (cannot happen with a valid plan); not a pass
-        outcome = "FAIL"
+    outcome = _judge(
+        ws, phase, phase_results, steps, own_files, fingerprint, notes,
+        changed=lambda now: (
+            f"Every gate passed, but the tree changed while they ran (fingerprint {fingerprint} "
+            f"at the start, {now} at the end), so nothing was committed. Run advance again on a "
+            "tree that nobody edits meanwhile."
+        ),
+    )
     results = run.results(ws, [phase_results])
     held = _verdict_kept(ws, phase, run.run_dir) if outcome == "BLOCKED" else None
     meta = RunMeta()
@@ -386,44 +437,22 @@ def record_evidence(
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance --evidence", wait_s=wait_s):
         own_files = [results_path] if results_path is not None else []
         fingerprint = ws.fingerprint(own_files)
-        steps: list[GateStep] = []
-        if results_path is not None:
-            imported = load_matching_results(ws, phase, results_path, fingerprint, evidence=True)
-            gates = list(imported.phase(phase.id).gates)
-            run = RunContext(imported.run_id, imported.created, fingerprint, imported.machine).in_reports(ws, phase.id)
-            source = f"results imported from {Path(results_path).name} (run {run.run_id} on {run.machine.hostname})"
-        else:
-            run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
-            steps = plan_run(phase, frozenset(run.machine.devices))
-            finished: list[GateResult] = []
-
-            def record(phase_id: str, result: GateResult) -> None:
-                finished.append(result)
-                if on_result is not None:
-                    on_result(phase_id, result)
-
-            try:
-                gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir,
-                                  on_result=record, on_progress=on_progress, on_start=on_start)
-            except KeyboardInterrupt:
-                interrupted = run.results(ws, [PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))])
-                _write_interrupted_report(ws, phase, None, interrupted, run.run_dir,
-                                          RunMeta(role="evidence", recorded=False, reason=f"{reason}; interrupted"))
-                return AdvanceOutcome(
-                    ExitCode.INTERRUPTED, phase=phase.id,
-                    messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
-                )
-            source = "local run"
+        try:
+            run, steps, gates, source = _phase_gates(
+                ws, phase, results_path, fingerprint, machine, on_result, on_progress, on_start, base=None,
+                evidence_reason=reason,
+            )
+        except _GatesInterrupted:
+            return AdvanceOutcome(
+                ExitCode.INTERRUPTED, phase=phase.id,
+                messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
+            )
         phase_results = PhaseResults(phase=phase.id, gates=gates)
-        outcome = phase_results.outcome
         notes = [f"Evidence only, {reason}: this run changes no status and makes no checkpoint."]
-        if outcome == "PASS" and ws.fingerprint(own_files) != fingerprint:
-            outcome = "FAIL"
-            notes.append("Every gate passed, but the tree changed while they ran.")
-        elif outcome == "BLOCKED":
-            notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
-        elif outcome == "SKIPPED":
-            outcome = "FAIL"
+        outcome = _judge(
+            ws, phase, phase_results, steps, own_files, fingerprint, notes,
+            changed=lambda now: "Every gate passed, but the tree changed while they ran.",
+        )
         meta = RunMeta(role="evidence", recorded=False, reason=reason)
         context = ReportContext(ws.plan, phase, outcome, base=None, source=source, notes=notes, meta=meta)
         report = write_report(run.run_dir, run.results(ws, [phase_results]), context)

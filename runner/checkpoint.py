@@ -35,7 +35,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,7 +42,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner.atomic import leftover_temps, write_atomic_bytes
 from runner.errors import GitError
+from runner.procgroup import pid_alive
 
 TRAILER_KEYS = ("Runner-Plan", "Runner-Phase", "Runner-Fingerprint", "Runner-Machine", "Runner-Gates")
 _OUTPUT_TAIL_LINES = 20
@@ -377,7 +378,7 @@ def make_checkpoint(
                     "git reset -q -- <paths>"
                 )
         _step("worktree")
-        _write_atomic(plan_path, new_bytes)
+        write_atomic_bytes(plan_path, new_bytes)
         _step("done")
     return new
 
@@ -398,35 +399,6 @@ def _reset_index(root: Path, commit: str, paths: Sequence[str]) -> None:
             f"checkpoint {commit[:12]} was committed and tagged, but the index could not be "
             f"updated for its paths ({exc}); run advance again to finish it"
         ) from exc
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    target = Path(os.path.realpath(path))
-    try:
-        mode = os.stat(target).st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.runner-{os.getpid()}-", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # the rename itself survives a crash only once the folder is flushed
-        folder = os.open(target.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(folder)
-    except OSError:
-        pass
-    finally:
-        os.close(folder)
 
 
 def _with_newline(text: str) -> str:
@@ -466,12 +438,10 @@ def recover(root: Path, *, plan_rel: str, complete_tags: Iterable[str] = ()) -> 
     git_dir = _git_dir(root)
     for scratch in git_dir.glob("runner-index-*"):
         pid = scratch.name.removeprefix("runner-index-").split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             scratch.unlink(missing_ok=True)
-    plan_path = root / plan_rel
-    for temp in plan_path.parent.glob(f".{plan_path.name}.runner-*.tmp"):
-        pid = temp.name[len(plan_path.name) + 9 :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+    for temp, pid in leftover_temps(root / plan_rel):
+        if not pid_alive(pid):
             temp.unlink(missing_ok=True)
     head = _rev(root, "HEAD^{commit}")
     if head is not None:
@@ -521,7 +491,7 @@ def _recover_head(
             found.problems.append(f"checkpoint {head[:12]} has no tag {tag} and it could not be made: {exc}")
             return
     if work != committed:
-        _write_atomic(root / plan_rel, committed)
+        write_atomic_bytes(root / plan_rel, committed)
         found.repaired.append(f"wrote {plan_rel} as checkpoint {head[:12]} ({tag}) committed it")
     if parent is None:
         return
@@ -540,16 +510,6 @@ def _index_entry(root: Path, rel: str) -> str | None:
 def _tree_entry(root: Path, rev: str, rel: str) -> str | None:
     out = _out(root, "ls-tree", rev, "--", rel)
     return out.split()[2] if out and "\n" not in out else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- plan helpers for the caller --------------------------------------------------------------

@@ -20,6 +20,7 @@ import runner
 from runner.formatting import format_metric, short
 from runner.history import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
 from runner.plots import Plot, Point, declared_plot, metric_history_plot
+from runner.preflight import check_reports
 from runner.protocol import PLOT_SUFFIX
 from runner.report import headline_metrics
 from runner.results import GateResult
@@ -27,10 +28,10 @@ from runner.schema import Phase
 from runner.status import PhaseView, plan_status
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
-from runner.workspace import Workspace
+from runner.workspace import REPORTS_DIR, Workspace
 
 TEMPLATE = "index.html.j2"
-DEFAULT_OUT = Path("reports") / "index.html"
+DEFAULT_OUT = Path(REPORTS_DIR) / "index.html"
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,32 @@ def render_html_report(ws: Workspace, out: Path) -> str:
 
 
 def write_html_report(ws: Workspace, out: Path) -> Path:
-    """Render the page and write it to ``out`` (folders created); return ``out``."""
+    """Render the page and write it to ``out`` (folders created); return ``out``.
+
+    An ``out`` inside the repository's ``reports/`` folder (the default) is checked as the
+    runs' folders are (``runner.preflight.check_reports``): one that a symbolic link there
+    leads outside the repository is refused with ``UsageError``. A path elsewhere is written
+    wherever it leads: the user named it.
+    """
     out = Path(out)
+    target = Path(os.path.abspath(out))
+    if _in_reports(ws.root, target):
+        check_reports(ws.root, REPORTS_DIR, target.parent, ws.plan_rel, git=False)
     text = render_html_report(ws, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     return out
+
+
+def _in_reports(root: Path, target: Path) -> bool:
+    """Whether the absolute ``target`` names a place under ``<root>/reports/``, as written (its
+    links not followed below the root; the root may be reached through one)."""
+    real_root = Path(os.path.realpath(root))
+    for folder in reversed(target.parents):
+        if Path(os.path.realpath(folder)) == real_root:
+            parts = target.relative_to(folder).parts
+            return len(parts) > 1 and parts[0] == REPORTS_DIR
+    return False
 
 
 def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, summary: PhaseRuns,

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from runner.errors import LockHeldError
+from runner.procgroup import pid_alive
 from runner.timeutil import iso_time, utc_now
 
 STALE_UNREADABLE_S = 5.0
@@ -214,19 +215,7 @@ def _parse(raw: str | None) -> dict | None:
 def _holder_gone(holder: dict) -> bool:
     if holder.get("host") != socket.gethostname():
         return False  # another machine's process: cannot tell, so assume it is alive
-    return not _pid_alive(holder["pid"])
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not pid_alive(holder["pid"])
 
 
 def _age_s(path: Path) -> float | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runner import machine as machine_module
-from tests.runner.repo_fixtures import fake_machine
+from tests.runner.repo_fixtures import cli, copy_without_git, fake_machine, gpu_phases, make_repo
 
 
 @pytest.fixture
@@ -21,3 +21,17 @@ def runner_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RUNNER_DEVICES", "cpu")
     monkeypatch.setattr(machine_module, "probe_machine", fake_machine)
     return monkeypatch
+
+
+@pytest.fixture
+def gpu_results(tmp_path, runner_env):
+    """A repository whose phase needs cuda, and results made by ``runner gate --out`` on a
+    copy of it without ``.git`` (the GPU host)."""
+    repo = make_repo(tmp_path / "repo", gpu_phases())
+    host = copy_without_git(repo.root, tmp_path / "gpuhost")
+    runner_env.setenv("RUNNER_DEVICES", "cpu,cuda")
+    made = cli(runner_env, host, "gate", "alpha", "--out", "results.json")
+    runner_env.setenv("RUNNER_DEVICES", "cpu")
+    assert made.exit_code == 0, made.text
+    assert not (host / ".git").exists()
+    return repo, host / "results.json"

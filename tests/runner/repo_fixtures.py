@@ -1,8 +1,5 @@
-"""Throwaway repositories with a small plan, and helpers to drive the CLI in them.
-
-The ``runner_env`` fixture lives in ``tests/runner/conftest.py``; it is still importable from
-here for test modules that import it by name.
-"""
+"""Throwaway repositories with a small plan, and helpers to drive the CLI in them (the
+fixtures built on them, ``runner_env`` and ``gpu_results``, are in ``tests/runner/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -55,6 +52,24 @@ def default_phases() -> list[dict[str, Any]]:
             "gates": [gate("gpu", "verify", "true", requires=["cuda"])],
         },
     ]
+
+
+def gpu_phases() -> list[dict[str, Any]]:
+    """``default_phases`` with alpha's check needing cuda and writing an artifact."""
+    phases = default_phases()
+    phases[0]["gates"] = [
+        gate("build", "build", "echo building"),
+        gate("check", "verify",
+             METRICS_OK + '; printf "| size | ms |\\n|---|---|\\n| 1 | 0.5 |\\n" > "$RUNNER_ARTIFACTS/bench.md"',
+             requires=["cuda"], expect={"speedup": ">= 1.5", "errors": "== 0"}),
+    ]
+    return phases
+
+
+def edit_results(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data["phases"][0])
+    path.write_text(json.dumps(data))
 
 
 def plan_text(phases: list[dict[str, Any]], plan_id: str = "demo") -> str:
@@ -190,11 +205,3 @@ def cli(monkeypatch, cwd: Path, *args: str) -> Outcome:
     monkeypatch.chdir(cwd)
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
     return Outcome(result.exit_code, result.stdout, result.stderr)
-
-
-def __getattr__(name: str):
-    if name == "runner_env":  # the fixture moved to conftest.py; older imports keep working
-        from tests.runner.conftest import runner_env
-
-        return runner_env
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,9 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
-
-import pytest
 
 from runner.errors import ExitCode
 from runner.planfile import load_plan
@@ -17,8 +14,8 @@ from tests.runner.repo_fixtures import (
     METRICS_OK,
     PY,
     cli,
-    copy_without_git,
     default_phases,
+    edit_results,
     gate,
     make_repo,
     write,
@@ -239,31 +236,6 @@ def test_sigterm_during_gates_leaves_the_plan_and_releases_the_lock(tmp_path, ru
 # --- results from another machine -----------------------------------------------------------------
 
 
-def gpu_phases():
-    phases = default_phases()
-    phases[0]["gates"] = [
-        gate("build", "build", "echo building"),
-        gate("check", "verify",
-             METRICS_OK + '; printf "| size | ms |\\n|---|---|\\n| 1 | 0.5 |\\n" > "$RUNNER_ARTIFACTS/bench.md"',
-             requires=["cuda"], expect={"speedup": ">= 1.5", "errors": "== 0"}),
-    ]
-    return phases
-
-
-@pytest.fixture
-def gpu_results(tmp_path, runner_env):
-    """A repository whose phase needs cuda, and results made by ``runner gate --out`` on a
-    copy of it without ``.git`` (the GPU host)."""
-    repo = make_repo(tmp_path / "repo", gpu_phases())
-    host = copy_without_git(repo.root, tmp_path / "gpuhost")
-    runner_env.setenv("RUNNER_DEVICES", "cpu,cuda")
-    made = cli(runner_env, host, "gate", "alpha", "--out", "results.json")
-    runner_env.setenv("RUNNER_DEVICES", "cpu")
-    assert made.exit_code == 0, made.text
-    assert not (host / ".git").exists()
-    return repo, host / "results.json"
-
-
 def test_results_from_a_gpu_host_checkpoint(gpu_results, runner_env):
     repo, results = gpu_results
     base = repo.head()
@@ -291,12 +263,6 @@ def test_results_for_a_changed_tree_are_refused(gpu_results, runner_env):
     assert "measured on tree" in result.stderr
     assert repo.commit_count() == 1
     assert load_plan(repo.plan).plan.phase("alpha").status == "pending"
-
-
-def edit_results(path: Path, change) -> None:
-    data = json.loads(path.read_text())
-    change(data["phases"][0])
-    path.write_text(json.dumps(data))
 
 
 def test_results_missing_a_gate_are_refused(gpu_results, runner_env):

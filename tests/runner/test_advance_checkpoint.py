@@ -18,7 +18,6 @@ from tests.runner.repo_fixtures import (
     default_phases,
     gate,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
 )
 
 

@@ -26,13 +26,7 @@ def git(root: Path, *args: str, check: bool = True) -> str:
 
 
 @pytest.fixture(autouse=True)
-def isolated_git(monkeypatch, tmp_path):
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-global-gitconfig"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
-                "GIT_COMMITTER_EMAIL", "EMAIL", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(var, raising=False)
+def isolated_git(runner_env):
     yield
     cp.set_fault_hook(None)
 
@@ -431,3 +425,26 @@ def test_message_fields_cannot_forge_trailers(tmp_path, evil):
     assert [line.split(":")[0] for line in trailers] == list(cp.TRAILER_KEYS)
     assert cp.parse_trailers(stored)["Runner-Phase"] == "alpha"
     assert cp.parse_trailers(stored)["Runner-Plan"] == "demo"
+
+
+def test_recover_removes_the_plan_temp_files_of_dead_runners_only(tmp_path):
+    from runner import atomic
+
+    root = new_repo(tmp_path / "r")
+    made: list[str] = []
+
+    def killed(src, dst):  # the writer dies between writing its temp file and the rename
+        made.append(Path(src).name)
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(atomic.os, "replace", killed)
+        patch.setattr(atomic.Path, "unlink", lambda self, missing_ok=False: None)
+        atomic.write_atomic_bytes(root / PLAN, b"half\n")
+    [mine] = made
+    dead = mine.replace(f"runner-{os.getpid()}-", "runner-999999999-")
+    (root / "plans" / mine).rename(root / "plans" / dead)
+    (root / "plans" / mine).write_bytes(b"a live writer's\n")
+    cp.recover(root, plan_rel=PLAN)
+    assert sorted(p.name for p in (root / "plans").iterdir()) == sorted(["p.md", mine])
+    assert (root / PLAN).read_bytes() == BEFORE

@@ -14,7 +14,7 @@ from rich.console import Console
 from runner.cli import invoked_as
 from runner.cli._common import GateOutput
 from runner.errors import ExitCode
-from tests.runner.repo_fixtures import cli, default_phases, gate, make_repo, runner_env  # noqa: F401
+from tests.runner.repo_fixtures import cli, default_phases, gate, make_repo
 
 ROOT = Path(__file__).resolve().parents[2]
 

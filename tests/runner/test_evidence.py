@@ -14,7 +14,6 @@ from tests.runner.repo_fixtures import (
     default_phases,
     gate,
     make_repo,
-    runner_env,  # noqa: F401 - fixture
 )
 
 
@@ -157,7 +156,6 @@ def test_imported_evidence_is_matched_and_rechecked(tmp_path, runner_env):
 
 def test_an_interrupted_run_does_not_become_the_verdict(tmp_path, runner_env):
     from runner.history import find_runs, phase_runs
-    from runner.report import RunMeta, write_report  # noqa: F401
 
     repo = _failed_on_gpu(tmp_path, runner_env)
     [gpu_run] = list((repo.root / "reports" / "demo" / "alpha").iterdir())

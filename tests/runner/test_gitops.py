@@ -13,14 +13,7 @@ from runner.gitops import CheckpointRepo
 from tests.runner.repo_fixtures import git, write
 
 
-@pytest.fixture(autouse=True)
-def isolated_git(monkeypatch, tmp_path):
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-global-gitconfig"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
-                "GIT_COMMITTER_EMAIL", "EMAIL", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(var, raising=False)
+pytestmark = pytest.mark.usefixtures("runner_env")  # isolated git config, no identity
 
 
 def new_repo(root: Path, *, identity: bool = True, commit: bool = True) -> Path:

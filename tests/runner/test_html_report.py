@@ -80,6 +80,32 @@ def test_report_defaults_to_reports_index(tmp_path, runner_env):
     assert "no run yet" in html and "<svg" not in html
 
 
+def test_report_refuses_a_link_in_reports_leading_outside_but_writes_a_path_named_elsewhere(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", git_init=False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo.root / "reports").symlink_to(outside)
+    refused = cli(runner_env, repo.root, "report")  # the default, reports/index.html
+    assert refused.exit_code == 2, refused.text
+    assert "outside the repository" in refused.stderr and "Traceback" not in refused.text
+    assert list(outside.iterdir()) == []
+
+    (repo.root / "reports").unlink()
+    (repo.root / "reports").mkdir()
+    (repo.root / "reports" / "site").symlink_to(outside)
+    refused = cli(runner_env, repo.root, "report", "--out", "reports/site/index.html")
+    assert refused.exit_code == 2, refused.text
+    assert list(outside.iterdir()) == []
+
+    (repo.root / "reports" / "inside").symlink_to(repo.root / "docs")  # a link within the repository
+    assert cli(runner_env, repo.root, "report", "--out", "reports/inside/index.html").exit_code == 0
+    assert (repo.root / "docs" / "index.html").is_file()
+    (repo.root / "elsewhere").symlink_to(outside)  # not under reports/: the user's choice
+    written = cli(runner_env, repo.root, "report", "--out", "elsewhere/index.html")
+    assert written.exit_code == 0, written.text
+    assert (outside / "index.html").is_file()
+
+
 def test_run_report_markdown_on_the_real_run():
     ws = sample_workspace()
     results = ResultsFile.load(REAL_RESULTS)

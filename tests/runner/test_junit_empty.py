@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from junitparser import JUnitXml
 
-from tests.runner.repo_fixtures import cli, make_repo, runner_env  # noqa: F401 - fixture
+from tests.runner.repo_fixtures import cli, make_repo
 
 
 def test_completed_with_no_complete_phase_writes_an_empty_junit_report(tmp_path, runner_env):

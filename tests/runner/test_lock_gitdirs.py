@@ -14,9 +14,9 @@ from tests.runner.repo_fixtures import git, write
 
 
 @pytest.fixture(autouse=True)
-def isolated_git(monkeypatch, tmp_path):
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-global-gitconfig"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+def isolated_git(runner_env):
+    """The isolated git config of ``runner_env``, with an identity for the commits here."""
+    monkeypatch = runner_env
     monkeypatch.setenv("GIT_AUTHOR_NAME", "T")
     monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@example.com")
     monkeypatch.setenv("GIT_COMMITTER_NAME", "T")

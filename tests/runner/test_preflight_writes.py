@@ -12,7 +12,7 @@ import pytest
 
 from runner import preflight
 from runner.errors import ExitCode
-from tests.runner.repo_fixtures import cli, default_phases, gate, make_repo, runner_env, write  # noqa: F401
+from tests.runner.repo_fixtures import cli, default_phases, gate, make_repo, write
 
 
 def _call_phases(call: str):

@@ -72,6 +72,30 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
     assert "INTERRUPTED" in (run_dir / "report.md").read_text()
 
 
+def test_interrupted_evidence_keeps_its_report_marked_evidence(tmp_path, runner_env):
+    started = tmp_path / "started"
+    phases = default_phases()
+    phases[1]["gates"] = [gate("wait", "verify", f"touch {started}; exec sleep 600", timeout=900)]
+    repo = make_repo(tmp_path / "repo", phases)
+    before = repo.plan.read_bytes()
+
+    def interrupt_when_started():
+        if _wait_for(started):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_when_started)
+    thread.start()
+    result = cli(runner_env, repo.root, "advance", "--evidence", "--phase", "beta")
+    thread.join()
+    assert result.exit_code == 130, result.text
+    assert "interrupted while running the gates of beta" in result.text
+    assert repo.plan.read_bytes() == before and repo.commit_count() == 1
+    [run_dir] = (repo.root / "reports" / "demo" / "beta").iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["role"] == "evidence" and meta["recorded"] is False and meta["reason"].endswith("; interrupted")
+    assert "INTERRUPTED" in (run_dir / "report.md").read_text()
+
+
 # --- SIGKILL at random moments ------------------------------------------------------------------
 
 TRIALS = 50

@@ -12,6 +12,7 @@ import pytest
 
 from runner.errors import ResultsError
 from runner.results import MAX_RESULTS_BYTES, ResultsFile
+from tests.runner.repo_fixtures import cli, copy_without_git, edit_results, gpu_phases, make_repo
 from tests.runner.run_samples import gate_result, results
 
 
@@ -130,9 +131,6 @@ def test_invalid_utf8_is_refused(tmp_path):
 
 # --- against the plan (advance --results) -----------------------------------------------------
 
-from tests.runner.repo_fixtures import cli, runner_env  # noqa: E402,F401 - fixture
-from tests.runner.test_advance import edit_results, gpu_results  # noqa: E402,F401 - fixture
-
 
 def _extra_gate(phase):
     extra = copy.deepcopy(phase["gates"][0])
@@ -165,9 +163,6 @@ def test_results_that_do_not_match_the_plans_gates_are_refused(gpu_results, runn
 def test_results_of_a_plan_listing_verify_before_build_are_accepted(tmp_path, runner_env):
     """A run executes build gates first whatever order the plan lists them in (the shipped
     plan lists its CPU verify gate first): the runner's own results must import."""
-    from tests.runner.repo_fixtures import copy_without_git, make_repo
-    from tests.runner.test_advance import gpu_phases
-
     phases = gpu_phases()
     phases[0]["gates"].reverse()  # verify listed before build
     repo = make_repo(tmp_path / "repo", phases)

@@ -29,31 +29,30 @@ def test_runner_module_imports_nothing_of_the_campaign_or_the_gpu_stack(path):
     assert bad == [], f"{path.name} imports {bad}"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["status", "--help"], ["gate", "--help"]])
-def test_cli_starts_without_torch_or_triton(argv):
+def _loaded_after(code: str, packages: tuple[str, ...], timeout: float) -> list[str]:
+    """The modules of ``packages`` loaded once ``code`` ran in a fresh interpreter."""
     script = (
         "import sys\n"
+        f"{code}\n"
+        f"print(sorted(n for n in sys.modules if n.split('.')[0] in {packages!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=RUNNER.parent, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["status", "--help"], ["gate", "--help"]])
+def test_cli_starts_without_torch_or_triton(argv):
+    code = (
         "from typer.testing import CliRunner\n"
         "from runner.cli import app\n"
         f"result = CliRunner().invoke(app, {argv!r})\n"
-        "assert result.exit_code == 0, result.output\n"
-        "loaded = sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'triton', 'kernel', 'phases', 'numpy'))\n"
-        "print(loaded)\n"
+        "assert result.exit_code == 0, result.output"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=RUNNER.parent, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert _loaded_after(code, ("torch", "triton", "kernel", "phases", "numpy"), timeout=60) == []
 
 
 def test_machine_probe_does_not_import_torch_into_the_runner():
-    script = (
-        "import sys\n"
-        "from runner.machine import probe_machine\n"
-        "probe_machine()\n"
-        "print(sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'triton')))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=RUNNER.parent, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    code = "from runner.machine import probe_machine\nprobe_machine()"
+    assert _loaded_after(code, ("torch", "triton"), timeout=120) == []
