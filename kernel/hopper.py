@@ -53,6 +53,8 @@ V_HEAD_DIM = 512
 D_MAIN = 512
 D_TAIL = 64
 BLOCK_M = 64
+BLOCK_N = 64  # keys per tile (32- and 16-key tiles lost: phases/kernel/NOTES.md)
+STAGES = 2  # tiles in the shared ring (a third 72 KB stage does not fit next to Q)
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 CONSUMER_WARPS = 8
@@ -62,21 +64,15 @@ COMBINE_COLS = 128
 
 @dataclass(frozen=True)
 class Variant:
-    """Compile-time shape of the split kernel's pipeline.
+    """Compile-time shape of the split kernel: ``keys_as_m`` selects the one-warpgroup keys-as-M
+    consumer for ``block_m`` packed rows (16 measured), else the two-warpgroup 64-row kernel. Both
+    read ``BLOCK_N``-key tiles through a ``STAGES``-deep ring."""
 
-    keys_as_m: the one-warpgroup keys-as-M consumer for ``block_m`` packed rows (16 measured).
-    block_n: keys per tile; stages: tiles in the shared ring; overlap: software-pipeline the
-    consumer (S of tile i on the tensor cores while P V of tile i-1 is issued and accumulates).
-    """
-
-    block_n: int = 64
-    stages: int = 2
-    overlap: bool = False
     keys_as_m: bool = False
     block_m: int = BLOCK_M
 
     def describe(self) -> str:
-        name = f"BN{self.block_n}_S{self.stages}" + ("_ovl" if self.overlap else "")
+        name = f"BN{BLOCK_N}_S{STAGES}"
         return f"kM{self.block_m}_" + name if self.keys_as_m else name
 
     @property
@@ -86,14 +82,9 @@ class Variant:
 
 DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
 KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys as M: up to 16 packed rows
-# Every variant measured (phases/kernel/NOTES.md), in the order phases/kernel/bench/hopper_check.py times them.
-VARIANTS = (
-    DEFAULT_VARIANT,
-    Variant(block_n=32, stages=4, overlap=True),
-    KEYS_AS_M_VARIANT,
-    Variant(block_n=32, stages=4),
-    Variant(block_n=16, stages=8, overlap=True),
-)
+# The variants the path uses, in the order phases/kernel/bench/hopper_check.py times them. Every
+# variant measured (the losers included) is in phases/kernel/NOTES.md, "Hopper path".
+VARIANTS = (DEFAULT_VARIANT, KEYS_AS_M_VARIANT)
 
 
 def choose_variant(max_rows: int) -> Variant:
@@ -107,26 +98,26 @@ def choose_variant(max_rows: int) -> Variant:
 
 
 def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
-    """The work decomposition ``variant`` consumes: ``block_m``-row blocks, ``block_n``-key tiles,
+    """The work decomposition ``variant`` consumes: ``block_m``-row blocks, ``BLOCK_N``-key tiles,
     about one program per SM."""
-    return TileConfig(block_m=variant.block_m, block_n=variant.block_n, num_warps=variant.num_warps,
-                      num_stages=variant.stages, target_programs=num_sms, keys_as_m=variant.keys_as_m)
+    return TileConfig(block_m=variant.block_m, block_n=BLOCK_N, num_warps=variant.num_warps,
+                      num_stages=STAGES, target_programs=num_sms, keys_as_m=variant.keys_as_m)
 
 
 def variant_of(config: TileConfig) -> Variant:
     """The variant whose ``tile_config`` has ``config``'s tiles (the first in ``VARIANTS``);
     ValueError for a configuration no variant consumes."""
     for v in VARIANTS:
-        if (v.block_m, v.block_n, v.keys_as_m, v.stages, v.num_warps) == (
+        if (v.block_m, BLOCK_N, v.keys_as_m, STAGES, v.num_warps) == (
                 config.block_m, config.block_n, config.keys_as_m, config.num_stages, config.num_warps):
             return v
     raise ValueError(f"Expected a Hopper tile configuration (hopper.tile_config), got {config.describe()}")
 
 
 def _split_constexprs(variant: Variant) -> dict:
-    return dict(BLOCK_M=variant.block_m, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
-                STAGES=variant.stages, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                NUM_WARPS=variant.num_warps, OVERLAP=variant.overlap)
+    return dict(BLOCK_M=variant.block_m, BLOCK_N=BLOCK_N, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
+                STAGES=STAGES, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                NUM_WARPS=variant.num_warps)
 
 
 def _split_kernel(variant: Variant):
@@ -225,7 +216,7 @@ def run_split_and_combine(
     if variant is None:
         variant = choose_variant(max(plan.qo_lens, default=1) * plan.num_heads)
     cfg = plan.config
-    if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, variant.block_n, variant.keys_as_m):
+    if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, BLOCK_N, variant.keys_as_m):
         raise ValueError(f"Expected a plan made for {variant.describe()}, got one for {cfg.describe()}")
     fixed_grid = layout is not None
     layout = layout or PlanLayout.exact(plan)
