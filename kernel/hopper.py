@@ -193,7 +193,6 @@ def run_split_and_combine(
     partial_lse: torch.Tensor,
     use_pdl: bool = False,
     variant: Variant | None = None,
-    pdl_trigger: bool = True,
     layout: PlanLayout | None = None,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
@@ -207,10 +206,10 @@ def run_split_and_combine(
     [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
     variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
-    use_pdl: launch the combine with programmatic dependent launch, the split kernel releasing it
-    at its start. Off by default: measured 7-18 µs slower at 64k-128k on an H200 than plain
-    stream order (phases/kernel/NOTES.md). pdl_trigger=False keeps PDL but lets the combine
-    launch only as split programs exit (not measured yet).
+    use_pdl: launch the combine with programmatic dependent launch (no early trigger: it launches
+    as the split programs exit, then waits with ``griddepcontrol.wait``). Off by default; a hook
+    for the next PDL measurement in phases/kernel/NOTES.md ("What is left"). The early trigger
+    (split programs releasing the combine at their start) lost 7-18 µs at B=1 on an H200.
     Launches only device work (no host sync), so it can be captured in a CUDA graph.
     """
     if variant is None:
@@ -239,7 +238,7 @@ def run_split_and_combine(
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and (plan.needs_combine or fixed_grid), num_warps=variant.num_warps,
+        CAUSAL=causal, num_warps=variant.num_warps,
         **_split_constexprs(variant),
     )
     if plan.needs_combine or fixed_grid:
@@ -271,7 +270,7 @@ def mla_verify_attention_hopper(
                                 V_HEAD_DIM, out, backend="hopper")
 
 
-def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = False):
+def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):
     """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
 
     Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
@@ -285,7 +284,7 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, e
                 "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
     scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
                "stride_on": "i32", "stride_oh": "i32"}
-    constexprs = dict(_split_constexprs(variant), CAUSAL=causal, EARLY_LAUNCH=early_launch)
+    constexprs = dict(_split_constexprs(variant), CAUSAL=causal)
     signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
     src = GluonASTSource(fn, signature, constexprs, attrs)

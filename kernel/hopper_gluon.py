@@ -16,7 +16,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.language.extra.cuda import gdc_launch_dependents
 
 
 @gluon.jit
@@ -185,7 +184,6 @@ def _mla_verify_hopper_split_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
     DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
-    EARLY_LAUNCH: gl.constexpr,
 ):
     """Grid: (num_work,). Q: [N, H, 576] bf16; KV: [slots, 576] bf16 (contiguous rows);
     OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2).
@@ -194,9 +192,6 @@ def _mla_verify_hopper_split_kernel(
     gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
     if gl.program_id(0) >= gl.load(COUNTS):
         return
-    if EARLY_LAUNCH:
-        # Let the combine kernel's programs launch now; they wait (griddepcontrol.wait) for this grid to finish.
-        gdc_launch_dependents()
     HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
     big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
@@ -340,7 +335,6 @@ def _mla_verify_hopper_keys_as_m_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
     DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
-    EARLY_LAUNCH: gl.constexpr,
 ):
     """As ``_mla_verify_hopper_split_kernel`` for BLOCK_M <= 32 packed rows, with a one-warpgroup
     keys-as-M consumer (``_consumer_keys_as_m``); PARTIAL_O: fp32 [num_work, BLOCK_M, 512].
@@ -348,8 +342,6 @@ def _mla_verify_hopper_keys_as_m_kernel(
     gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
     if gl.program_id(0) >= gl.load(COUNTS):
         return
-    if EARLY_LAUNCH:
-        gdc_launch_dependents()
     HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
     big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
