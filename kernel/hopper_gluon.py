@@ -89,21 +89,13 @@ def _softmax_tile(sc, m_i, l_i, start, kv_end, full_end, prefix_len, num_draft, 
     return p, m_new, l_i, alpha
 
 @gluon.jit
-def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
-              W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
-              num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
-              q_main, q_tail, kmain, ktail, p_smem, full, empty,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
-              DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """Scores, online softmax and P·V for one work item; writes the output or a split partial."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, BLOCK_N // 2, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, DV // 2, 16])
+def _work_item(Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+               num_heads, stride_qn, stride_qh, q_main, q_tail,
+               BLOCK_M: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """The consumer's work item: its header (request, row block, key range, split count) and the
+    request's lengths; its Q block stored into ``q_main`` / ``q_tail`` (rows past the request's
+    packed rows are zero) and fenced for wgmma."""
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
-    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
-    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
-
     w = gl.program_id(0)
     b = gl.load(W_REQ + w)
     mblk = gl.load(W_MBLK + w)
@@ -118,7 +110,6 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
     mask_offset = gl.load(MASK_OFFSETS + b)
     num_rows = num_draft * num_heads
 
-    # Q block -> shared memory (rows past the request's packed rows are zero).
     qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
     q_ok = qr < num_rows
     q_row = Q + (qo_start + qr // num_heads).to(gl.int64) * stride_qn + (qr % num_heads) * stride_qh
@@ -128,6 +119,26 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
     q_tail.store(gl.load(q_row[:, None] + offs_tail[None, :], mask=q_ok[:, None], other=0.0))
     fence_async_shared()
     gl.thread_barrier()
+    return w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows
+
+@gluon.jit
+def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+              W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+              num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+              q_main, q_tail, kmain, ktail, p_smem, full, empty,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
+              DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Scores, online softmax and P·V for one work item; writes the output or a split partial."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, BLOCK_N // 2, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, DV // 2, 16])
+    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows = _work_item(
+        Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+        num_heads, stride_qn, stride_qh, q_main, q_tail, BLOCK_M, D_MAIN, D_TAIL, NUM_WARPS)
 
     rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=srow)
     row_ok = rows < num_rows
@@ -237,33 +248,12 @@ def _consumer_keys_as_m(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     ot_layout: gl.constexpr = st_layout
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     scol: gl.constexpr = gl.SliceLayout(0, st_layout)
     skey: gl.constexpr = gl.SliceLayout(1, st_layout)
 
-    w = gl.program_id(0)
-    b = gl.load(W_REQ + w)
-    mblk = gl.load(W_MBLK + w)
-    kv_start = gl.load(W_KV_START + w)
-    kv_end = gl.load(W_KV_END + w)
-    full_end = gl.load(W_FULL_END + w)
-    nsplit = gl.load(W_NSPLIT + w)
-    qo_start = gl.load(QO_INDPTR + b)
-    num_draft = gl.load(QO_INDPTR + b + 1) - qo_start
-    kv_len = gl.load(KV_INDPTR + b + 1) - gl.load(KV_INDPTR + b)
-    prefix_len = kv_len - num_draft
-    mask_offset = gl.load(MASK_OFFSETS + b)
-    num_rows = num_draft * num_heads
-
-    qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
-    q_ok = qr < num_rows
-    q_row = Q + (qo_start + qr // num_heads).to(gl.int64) * stride_qn + (qr % num_heads) * stride_qh
-    offs_main = gl.arange(0, D_MAIN, layout=gl.SliceLayout(0, q_layout))
-    offs_tail = D_MAIN + gl.arange(0, D_TAIL, layout=gl.SliceLayout(0, q_layout))
-    q_main.store(gl.load(q_row[:, None] + offs_main[None, :], mask=q_ok[:, None], other=0.0))
-    q_tail.store(gl.load(q_row[:, None] + offs_tail[None, :], mask=q_ok[:, None], other=0.0))
-    fence_async_shared()
-    gl.thread_barrier()
+    w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows = _work_item(
+        Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+        num_heads, stride_qn, stride_qh, q_main, q_tail, BLOCK_M, D_MAIN, D_TAIL, NUM_WARPS)
 
     rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=scol)
     row_ok = rows < num_rows
