@@ -53,6 +53,8 @@ V_HEAD_DIM = 512
 D_MAIN = 512
 D_TAIL = 64
 BLOCK_M = 64
+BLOCK_N = 64  # keys per tile (32- and 16-key tiles lost: phases/kernel/NOTES.md)
+STAGES = 2  # tiles in the shared ring (a third 72 KB stage does not fit next to Q)
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 CONSUMER_WARPS = 8
@@ -62,21 +64,15 @@ COMBINE_COLS = 128
 
 @dataclass(frozen=True)
 class Variant:
-    """Compile-time shape of the split kernel's pipeline.
+    """Compile-time shape of the split kernel: ``keys_as_m`` selects the one-warpgroup keys-as-M
+    consumer for ``block_m`` packed rows (16 measured), else the two-warpgroup 64-row kernel. Both
+    read ``BLOCK_N``-key tiles through a ``STAGES``-deep ring."""
 
-    keys_as_m: the one-warpgroup keys-as-M consumer for ``block_m`` packed rows (16 measured).
-    block_n: keys per tile; stages: tiles in the shared ring; overlap: software-pipeline the
-    consumer (S of tile i on the tensor cores while P V of tile i-1 is issued and accumulates).
-    """
-
-    block_n: int = 64
-    stages: int = 2
-    overlap: bool = False
     keys_as_m: bool = False
     block_m: int = BLOCK_M
 
     def describe(self) -> str:
-        name = f"BN{self.block_n}_S{self.stages}" + ("_ovl" if self.overlap else "")
+        name = f"BN{BLOCK_N}_S{STAGES}"
         return f"kM{self.block_m}_" + name if self.keys_as_m else name
 
     @property
@@ -86,14 +82,9 @@ class Variant:
 
 DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
 KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys as M: up to 16 packed rows
-# Every variant measured (phases/kernel/NOTES.md), in the order phases/kernel/bench/hopper_check.py times them.
-VARIANTS = (
-    DEFAULT_VARIANT,
-    Variant(block_n=32, stages=4, overlap=True),
-    KEYS_AS_M_VARIANT,
-    Variant(block_n=32, stages=4),
-    Variant(block_n=16, stages=8, overlap=True),
-)
+# The variants the path uses, in the order phases/kernel/bench/hopper_check.py times them. Every
+# variant measured (the losers included) is in phases/kernel/NOTES.md, "Hopper path".
+VARIANTS = (DEFAULT_VARIANT, KEYS_AS_M_VARIANT)
 
 
 def choose_variant(max_rows: int) -> Variant:
@@ -107,26 +98,26 @@ def choose_variant(max_rows: int) -> Variant:
 
 
 def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
-    """The work decomposition ``variant`` consumes: ``block_m``-row blocks, ``block_n``-key tiles,
+    """The work decomposition ``variant`` consumes: ``block_m``-row blocks, ``BLOCK_N``-key tiles,
     about one program per SM."""
-    return TileConfig(block_m=variant.block_m, block_n=variant.block_n, num_warps=variant.num_warps,
-                      num_stages=variant.stages, target_programs=num_sms, keys_as_m=variant.keys_as_m)
+    return TileConfig(block_m=variant.block_m, block_n=BLOCK_N, num_warps=variant.num_warps,
+                      num_stages=STAGES, target_programs=num_sms, keys_as_m=variant.keys_as_m)
 
 
 def variant_of(config: TileConfig) -> Variant:
     """The variant whose ``tile_config`` has ``config``'s tiles (the first in ``VARIANTS``);
     ValueError for a configuration no variant consumes."""
     for v in VARIANTS:
-        if (v.block_m, v.block_n, v.keys_as_m, v.stages, v.num_warps) == (
+        if (v.block_m, BLOCK_N, v.keys_as_m, STAGES, v.num_warps) == (
                 config.block_m, config.block_n, config.keys_as_m, config.num_stages, config.num_warps):
             return v
     raise ValueError(f"Expected a Hopper tile configuration (hopper.tile_config), got {config.describe()}")
 
 
 def _split_constexprs(variant: Variant) -> dict:
-    return dict(BLOCK_M=variant.block_m, BLOCK_N=variant.block_n, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
-                STAGES=variant.stages, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                NUM_WARPS=variant.num_warps, OVERLAP=variant.overlap)
+    return dict(BLOCK_M=variant.block_m, BLOCK_N=BLOCK_N, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
+                STAGES=STAGES, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                NUM_WARPS=variant.num_warps)
 
 
 def _split_kernel(variant: Variant):
@@ -202,7 +193,6 @@ def run_split_and_combine(
     partial_lse: torch.Tensor,
     use_pdl: bool = False,
     variant: Variant | None = None,
-    pdl_trigger: bool = True,
     layout: PlanLayout | None = None,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
@@ -216,16 +206,16 @@ def run_split_and_combine(
     [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
     variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
-    use_pdl: launch the combine with programmatic dependent launch, the split kernel releasing it
-    at its start. Off by default: measured 7-18 µs slower at 64k-128k on an H200 than plain
-    stream order (phases/kernel/NOTES.md). pdl_trigger=False keeps PDL but lets the combine
-    launch only as split programs exit (not measured yet).
+    use_pdl: launch the combine with programmatic dependent launch (no early trigger: it launches
+    as the split programs exit, then waits with ``griddepcontrol.wait``). Off by default; a hook
+    for the next PDL measurement in phases/kernel/NOTES.md ("What is left"). The early trigger
+    (split programs releasing the combine at their start) lost 7-18 µs at B=1 on an H200.
     Launches only device work (no host sync), so it can be captured in a CUDA graph.
     """
     if variant is None:
         variant = choose_variant(max(plan.qo_lens, default=1) * plan.num_heads)
     cfg = plan.config
-    if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, variant.block_n, variant.keys_as_m):
+    if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, BLOCK_N, variant.keys_as_m):
         raise ValueError(f"Expected a plan made for {variant.describe()}, got one for {cfg.describe()}")
     fixed_grid = layout is not None
     layout = layout or PlanLayout.exact(plan)
@@ -248,7 +238,7 @@ def run_split_and_combine(
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        CAUSAL=causal, EARLY_LAUNCH=use_pdl and pdl_trigger and (plan.needs_combine or fixed_grid), num_warps=variant.num_warps,
+        CAUSAL=causal, num_warps=variant.num_warps,
         **_split_constexprs(variant),
     )
     if plan.needs_combine or fixed_grid:
@@ -280,7 +270,7 @@ def mla_verify_attention_hopper(
                                 V_HEAD_DIM, out, backend="hopper")
 
 
-def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, early_launch: bool = False):
+def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):
     """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
 
     Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
@@ -294,7 +284,7 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, e
                 "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
     scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
                "stride_on": "i32", "stride_oh": "i32"}
-    constexprs = dict(_split_constexprs(variant), CAUSAL=causal, EARLY_LAUNCH=early_launch)
+    constexprs = dict(_split_constexprs(variant), CAUSAL=causal)
     signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
     src = GluonASTSource(fn, signature, constexprs, attrs)

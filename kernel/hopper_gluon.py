@@ -16,7 +16,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.language.extra.cuda import gdc_launch_dependents
 
 
 @gluon.jit
@@ -90,22 +89,13 @@ def _softmax_tile(sc, m_i, l_i, start, kv_end, full_end, prefix_len, num_draft, 
     return p, m_new, l_i, alpha
 
 @gluon.jit
-def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
-              W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
-              num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
-              q_main, q_tail, kmain, ktail, p_smem, full, empty,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
-              DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr,
-              OVERLAP: gl.constexpr):
-    """Scores, online softmax and P·V for one work item; writes the output or a split partial."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, BLOCK_N // 2, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, DV // 2, 16])
+def _work_item(Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+               num_heads, stride_qn, stride_qh, q_main, q_tail,
+               BLOCK_M: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """The consumer's work item: its header (request, row block, key range, split count) and the
+    request's lengths; its Q block stored into ``q_main`` / ``q_tail`` (rows past the request's
+    packed rows are zero) and fenced for wgmma."""
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
-    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
-    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
-
     w = gl.program_id(0)
     b = gl.load(W_REQ + w)
     mblk = gl.load(W_MBLK + w)
@@ -120,7 +110,6 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
     mask_offset = gl.load(MASK_OFFSETS + b)
     num_rows = num_draft * num_heads
 
-    # Q block -> shared memory (rows past the request's packed rows are zero).
     qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
     q_ok = qr < num_rows
     q_row = Q + (qo_start + qr // num_heads).to(gl.int64) * stride_qn + (qr % num_heads) * stride_qh
@@ -130,6 +119,26 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
     q_tail.store(gl.load(q_row[:, None] + offs_tail[None, :], mask=q_ok[:, None], other=0.0))
     fence_async_shared()
     gl.thread_barrier()
+    return w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows
+
+@gluon.jit
+def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+              W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+              num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
+              q_main, q_tail, kmain, ktail, p_smem, full, empty,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
+              DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Scores, online softmax and P·V for one work item; writes the output or a split partial."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, BLOCK_N // 2, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, DV // 2, 16])
+    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows = _work_item(
+        Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+        num_heads, stride_qn, stride_qh, q_main, q_tail, BLOCK_M, D_MAIN, D_TAIL, NUM_WARPS)
 
     rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=srow)
     row_ok = rows < num_rows
@@ -140,67 +149,27 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=srow)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=srow)
     n_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
-    if OVERLAP:
-        # Software pipeline: S(i) runs on the tensor cores while P(i-1) V(i-1) is issued,
-        # and softmax(i) runs while P(i-1) V(i-1) accumulates.
-        mbarrier.wait(full.index(0), 0)
-        fence_async_shared()
-        sacc = warpgroup_mma(q_tail, ktail.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        sacc = warpgroup_mma(q_main, kmain.index(0).permute((1, 0)), sacc, is_async=True)
+    for i in range(n_tiles):
+        s = i % STAGES
+        phase = (i // STAGES) & 1
+        mbarrier.wait(full.index(s), phase)
+        fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
+        km = kmain.index(s)
+        kt = ktail.index(s)
+        sacc = warpgroup_mma(q_tail, kt.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sacc = warpgroup_mma(q_main, km.permute((1, 0)), sacc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sacc])
-        p, m_i, l_i, alpha = _softmax_tile(sc, m_i, l_i, kv_start, kv_end, full_end, prefix_len, num_draft,
-                                           t_idx, row_ok, TREE_MASK, mask_offset, qk_scale,
-                                           s_layout, BLOCK_N, CAUSAL)
-        for i in range(1, n_tiles):
-            s = i % STAGES
-            sp = (i - 1) % STAGES
-            mbarrier.wait(full.index(s), (i // STAGES) & 1)
-            fence_async_shared()
-            sacc = warpgroup_mma(q_tail, ktail.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            sacc = warpgroup_mma(q_main, kmain.index(s).permute((1, 0)), sacc, is_async=True)
-            p_smem.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            gl.thread_barrier()  # both warpgroups' halves of P(i-1) are in shared memory
-            acc = acc * gl.convert_layout(alpha, orow)[:, None]
-            acc = warpgroup_mma(p_smem, kmain.index(sp), acc, is_async=True)
-            sc = warpgroup_mma_wait(1, deps=[sacc])  # S(i) was issued first
-            p, m_i, l_i, alpha = _softmax_tile(sc, m_i, l_i, kv_start + i * BLOCK_N, kv_end, full_end,
-                                               prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
-                                               qk_scale, s_layout, BLOCK_N, CAUSAL)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            gl.thread_barrier()  # every warp is done with slot sp and with P(i-1)
-            mbarrier.arrive(empty.index(sp), count=1)
-        sl = (n_tiles - 1) % STAGES
+        p, m_i, l_i, alpha = _softmax_tile(sc, m_i, l_i, kv_start + i * BLOCK_N, kv_end, full_end,
+                                           prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
+                                           qk_scale, s_layout, BLOCK_N, CAUSAL)
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
-        gl.thread_barrier()
+        gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
         acc = acc * gl.convert_layout(alpha, orow)[:, None]
-        acc = warpgroup_mma(p_smem, kmain.index(sl), acc, is_async=True)
+        acc = warpgroup_mma(p_smem, km, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index(sl), count=1)
-    else:
-        for i in range(n_tiles):
-            s = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(full.index(s), phase)
-            fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
-            km = kmain.index(s)
-            kt = ktail.index(s)
-            sacc = warpgroup_mma(q_tail, kt.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            sacc = warpgroup_mma(q_main, km.permute((1, 0)), sacc, is_async=True)
-            sc = warpgroup_mma_wait(0, deps=[sacc])
-            p, m_i, l_i, alpha = _softmax_tile(sc, m_i, l_i, kv_start + i * BLOCK_N, kv_end, full_end,
-                                               prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
-                                               qk_scale, s_layout, BLOCK_N, CAUSAL)
-            p_smem.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
-            acc = acc * gl.convert_layout(alpha, orow)[:, None]
-            acc = warpgroup_mma(p_smem, km, acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            gl.thread_barrier()  # every warp is done with this slot and with P
-            mbarrier.arrive(empty.index(s), count=1)
+        gl.thread_barrier()  # every warp is done with this slot and with P
+        mbarrier.arrive(empty.index(s), count=1)
 
     l_o = gl.convert_layout(l_i, orow)
     l_safe = gl.where(l_o == 0.0, 1.0, l_o)
@@ -226,7 +195,6 @@ def _mla_verify_hopper_split_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
     DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
-    OVERLAP: gl.constexpr, EARLY_LAUNCH: gl.constexpr,
 ):
     """Grid: (num_work,). Q: [N, H, 576] bf16; KV: [slots, 576] bf16 (contiguous rows);
     OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2).
@@ -235,9 +203,6 @@ def _mla_verify_hopper_split_kernel(
     gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
     if gl.program_id(0) >= gl.load(COUNTS):
         return
-    if EARLY_LAUNCH:
-        # Let the combine kernel's programs launch now; they wait (griddepcontrol.wait) for this grid to finish.
-        gdc_launch_dependents()
     HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
     big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
@@ -259,7 +224,7 @@ def _mla_verify_hopper_split_kernel(
                          W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
                          num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
                          q_main, q_tail, kmain, ktail, p_smem, full, empty,
-                         BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS, OVERLAP)),
+                         BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS)),
             (_producer, (KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
                          BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES)),
         ],
@@ -283,33 +248,12 @@ def _consumer_keys_as_m(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     ot_layout: gl.constexpr = st_layout
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     scol: gl.constexpr = gl.SliceLayout(0, st_layout)
     skey: gl.constexpr = gl.SliceLayout(1, st_layout)
 
-    w = gl.program_id(0)
-    b = gl.load(W_REQ + w)
-    mblk = gl.load(W_MBLK + w)
-    kv_start = gl.load(W_KV_START + w)
-    kv_end = gl.load(W_KV_END + w)
-    full_end = gl.load(W_FULL_END + w)
-    nsplit = gl.load(W_NSPLIT + w)
-    qo_start = gl.load(QO_INDPTR + b)
-    num_draft = gl.load(QO_INDPTR + b + 1) - qo_start
-    kv_len = gl.load(KV_INDPTR + b + 1) - gl.load(KV_INDPTR + b)
-    prefix_len = kv_len - num_draft
-    mask_offset = gl.load(MASK_OFFSETS + b)
-    num_rows = num_draft * num_heads
-
-    qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
-    q_ok = qr < num_rows
-    q_row = Q + (qo_start + qr // num_heads).to(gl.int64) * stride_qn + (qr % num_heads) * stride_qh
-    offs_main = gl.arange(0, D_MAIN, layout=gl.SliceLayout(0, q_layout))
-    offs_tail = D_MAIN + gl.arange(0, D_TAIL, layout=gl.SliceLayout(0, q_layout))
-    q_main.store(gl.load(q_row[:, None] + offs_main[None, :], mask=q_ok[:, None], other=0.0))
-    q_tail.store(gl.load(q_row[:, None] + offs_tail[None, :], mask=q_ok[:, None], other=0.0))
-    fence_async_shared()
-    gl.thread_barrier()
+    w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows = _work_item(
+        Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+        num_heads, stride_qn, stride_qh, q_main, q_tail, BLOCK_M, D_MAIN, D_TAIL, NUM_WARPS)
 
     rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=scol)
     row_ok = rows < num_rows
@@ -381,7 +325,6 @@ def _mla_verify_hopper_keys_as_m_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
     DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
-    OVERLAP: gl.constexpr, EARLY_LAUNCH: gl.constexpr,
 ):
     """As ``_mla_verify_hopper_split_kernel`` for BLOCK_M <= 32 packed rows, with a one-warpgroup
     keys-as-M consumer (``_consumer_keys_as_m``); PARTIAL_O: fp32 [num_work, BLOCK_M, 512].
@@ -389,8 +332,6 @@ def _mla_verify_hopper_keys_as_m_kernel(
     gl.static_assert(D_MAIN == DV, "V is the 512-wide latent part of the row")
     if gl.program_id(0) >= gl.load(COUNTS):
         return
-    if EARLY_LAUNCH:
-        gdc_launch_dependents()
     HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
     big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
