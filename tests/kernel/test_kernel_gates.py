@@ -477,6 +477,33 @@ def test_build_gate_on_the_gpu():
     assert metrics["configs"] >= 1 and metrics["max_regs"] > 0
 
 
+def test_tune_compile_sweep_table_and_config_names():
+    from phases.kernel.bench import tune
+
+    def fake_stats(cfg, causal):
+        return {"n_regs": 200, "n_spills": 8 if causal else 0, "shared_bytes": cfg.block_n * 4096, "mma": "mma.sync"}
+
+    rows = tune.compile_sweep((32,), (16, 64), (8,), (2,), stats=fake_stats)
+    assert [r["config"] for r in rows] == ["BM32_BN16_w8_s2", "BM32_BN64_w8_s2"]
+    assert [r["fits"] for r in rows] == [True, False]  # 64 * 4096 bytes > 227 KB
+    assert "| BM32_BN16_w8_s2 | 200 / 200 | 0 / 8 | 65536 / 65536 | mma.sync | yes |" in tune.compile_table(rows)
+    assert tune.parse_config("BM64_BN32_w4_s3", 132).describe() == "BM64_BN32_w4_s3"
+    with pytest.raises(ValueError):
+        tune.parse_config("BM64_BN32", 132)
+
+
+def test_tune_compile_only_compiles_for_sm90_on_a_cpu():
+    """One real sm_90 compile through the CLI, in a child process (the conftest turns on the
+    interpreter on CPU machines; compiling needs it off)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--compile-only", "--block-m", "32", "--block-n", "16", "--warps", "8", "--stages", "2"]
+    run = subprocess.run([sys.executable, "-m", "phases.kernel.bench.tune", *args], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    row = next(line for line in run.stdout.splitlines() if line.startswith("| BM32_BN16_w8_s2 |"))
+    assert row.endswith("| mma.sync | yes |")
+
+
 # --- the shipped plan ------------------------------------------------------------------------
 
 

@@ -2,18 +2,30 @@
 
     python -m phases.kernel.bench.tune [--contexts 65536,131072] [--shapes 16x1,128x8] [--all-configs] [--out DIR]
     python -m phases.kernel.bench.tune --fixed-cost
+    python -m phases.kernel.bench.tune --configs BM64_BN64_w8_s2,BM32_BN32_w8_s2 [--shapes ...] [--contexts ...]
+    python -m phases.kernel.bench.tune --compile-only [--block-m 32,64] [--block-n 16,32,64]
+                                       [--warps 4,8] [--stages 1,2,3] [--out DIR]
 
 For every (H, T) shape and context it checks each configuration against the fp32 oracle, then
 times it three ways: eager planned ``run`` (``do_bench`` median, L2 zeroed between reps), the
 split kernel alone, and the planned ``run`` replayed from a CUDA graph; the fraction is the
 same-run roofline (``phases.kernel.bench.roofline``) over the graph time. The defaults in
 ``kernel.plan.default_tile_config`` come from here (see ``phases/kernel/NOTES.md``).
+
+``--compile-only`` needs no GPU: it compiles the split kernel for sm_90 (tree mask and causal,
+bf16, D=576/DV=512) for every combination of the given block sizes, warps and stages through the
+build gate's ``phases.kernel.build.triton_sm90_stats`` and prints registers, spill bytes, shared
+memory and the tensor-core instruction (wgmma or mma.sync) per configuration; configurations
+over the 227 KB of shared memory an sm_90 block can have are marked, not launchable.
+``--configs BM64_BN64_w8_s2,...`` times exactly those configurations (after the default) on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -33,6 +45,50 @@ def candidate_configs(rows: int, sms: int) -> list[TileConfig]:
              for bn, w, st in ((64, 8, 3), (64, 8, 4), (32, 8, 4), (32, 8, 6), (16, 4, 6))]
     large = [TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, target_programs=sms)]
     return small + (large if rows > 16 else [])
+
+
+SM90_MAX_SHARED = 227 * 1024  # bytes of shared memory one sm_90 thread block may use
+
+
+def parse_config(name: str, sms: int) -> TileConfig:
+    """``BM64_BN64_w8_s2`` (``TileConfig.describe``) as a ``TileConfig`` with ``sms`` programs."""
+    m = re.fullmatch(r"BM(\d+)_BN(\d+)_w(\d+)_s(\d+)", name)
+    if not m:
+        raise ValueError(f"Expected a configuration like BM64_BN64_w8_s2, got {name!r}")
+    bm, bn, w, st = (int(x) for x in m.groups())
+    return TileConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st, target_programs=sms)
+
+
+def compile_sweep(block_ms=(32, 64), block_ns=(16, 32, 64), warps=(4, 8), stages=(1, 2, 3),
+                  stats=None) -> list[dict]:
+    """One row per configuration: ``config`` and, for ``tree`` and ``causal``, ``regs``, ``spills``
+    (ptxas spill store + load bytes), ``shared`` (bytes) and ``mma``; ``fits``: both within
+    ``SM90_MAX_SHARED``. ``stats(config, causal)`` defaults to ``build.triton_sm90_stats``."""
+    if stats is None:
+        from phases.kernel.build import triton_sm90_stats as stats
+    rows = []
+    for bm, bn, w, st in itertools.product(block_ms, block_ns, warps, stages):
+        cfg = TileConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st, target_programs=1)
+        row = {"config": cfg.describe()}
+        for name, causal in (("tree", False), ("causal", True)):
+            s = stats(cfg, causal)
+            row[name] = {"regs": s["n_regs"], "spills": s["n_spills"], "shared": s["shared_bytes"], "mma": s["mma"]}
+        row["fits"] = all(row[k]["shared"] <= SM90_MAX_SHARED for k in ("tree", "causal"))
+        rows.append(row)
+    return rows
+
+
+def compile_table(rows: list[dict]) -> str:
+    """``compile_sweep``'s rows as a markdown table (spills in bytes, tree / causal)."""
+    lines = ["| config | regs tree / causal | spill bytes tree / causal | shared bytes tree / causal | mma "
+             "| fits 227 KB |",
+             "|---|---:|---:|---:|---|---|"]
+    for r in rows:
+        t, c = r["tree"], r["causal"]
+        mma = t["mma"] if t["mma"] == c["mma"] else f"{t['mma']} / {c['mma']}"
+        lines.append(f"| {r['config']} | {t['regs']} / {c['regs']} | {t['spills']} / {c['spills']} | "
+                     f"{t['shared']} / {c['shared']} | {mma} | {'yes' if r['fits'] else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 def split_only(inputs: dict, config: TileConfig | None, out: torch.Tensor):
@@ -83,7 +139,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--all-configs", action="store_true", help="time every candidate, not just the default")
     ap.add_argument("--fixed-cost", action="store_true", help="only the (16,1) fixed-cost study")
+    ap.add_argument("--configs", default=None, help="time these configurations (BM64_BN64_w8_s2,...) after the default")
+    ap.add_argument("--compile-only", action="store_true", help="no GPU: compile for sm_90 and print resources")
+    ap.add_argument("--block-m", default="32,64")
+    ap.add_argument("--block-n", default="16,32,64")
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--stages", default="1,2,3")
     args = ap.parse_args(argv)
+    if args.compile_only:
+        ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+        rows = compile_sweep(ints(args.block_m), ints(args.block_n), ints(args.warps), ints(args.stages))
+        print(compile_table(rows), flush=True)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            Path(args.out, "compile.json").write_text(json.dumps(rows, indent=1))
+        return
     device = torch.device("cuda")
     if args.fixed_cost:
         fixed_cost_study(device)
@@ -100,7 +170,10 @@ def main(argv: list[str] | None = None) -> None:
             roof = roofline_time(mla_verify_bytes([context], [t], h), mla_verify_flops([context], [t], h), ceilings)
             ref = mla_verify_reference(**inputs, compute_dtype=torch.float32, out_dtype=torch.float32)
             out = torch.empty(t, h, V_HEAD_DIM, device=device, dtype=torch.bfloat16)
-            for cfg in [None] + (candidate_configs(h * t, sms) if args.all_configs else []):
+            extra = candidate_configs(h * t, sms) if args.all_configs else []
+            if args.configs:
+                extra = [parse_config(name, sms) for name in args.configs.split(",")]
+            for cfg in [None] + extra:
                 name = cfg.describe() + f"_tp{cfg.target_programs}" if cfg else "default"
                 try:
                     fn = planned(inputs, cfg, out)
