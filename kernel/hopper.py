@@ -23,7 +23,7 @@ Two split kernels, both warp-specialized around the same producer:
   64-row tile; chosen for up to 16 rows (``choose_variant``).
 
 This module is the host side: ``available``, ``supported``, ``choose_variant``, ``make_plan``,
-``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``, ``mla_verify_attention_hopper``;
+``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``;
 ``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
 and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``, the split merge in
 ``kernel/hopper_combine.py``. Measurements and every variant tried: phases/kernel/NOTES.md, "Hopper path".
@@ -251,23 +251,6 @@ def run_split_and_combine(
             DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
             num_warps=4, launch_pdl=use_pdl,
         )
-
-
-def mla_verify_attention_hopper(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    tree_mask: torch.Tensor | None = None,
-    sm_scale: float | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One-call form (plans on the host: one sync): ``mla_verify_attention(..., backend="hopper")``."""
-    from kernel.mla_verify import mla_verify_attention
-
-    return mla_verify_attention(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                V_HEAD_DIM, out, backend="hopper")
 
 
 def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel import hopper
+from kernel import hopper, mla_verify_attention
 from kernel.plan import HeadDims
+from tests.kernel.oracle import random_tree, reference
 
 SHARED_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 
@@ -141,33 +142,6 @@ def test_triton_config_for_a_hopper_plan_is_the_triton_default():
 # ----------------------------------------------------------------------------------------------
 
 
-def _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, sm_scale):
-    """float64 oracle written independently of the kernel. masks: list of bool [T_b, T_b] or None (causal)."""
-    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    outs = []
-    for b in range(len(qo) - 1):
-        qb = q[qo[b] : qo[b + 1]].double()
-        rows = kv[kv_indices[kvp[b] : kvp[b + 1]].long()].double()
-        t, length = qb.shape[0], rows.shape[0]
-        visible = torch.ones(t, length, dtype=torch.bool, device=q.device)
-        visible[:, length - t :] = masks[b] if masks is not None else torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        scores = torch.einsum("thd,ld->thl", qb, rows) * sm_scale
-        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
-        outs.append(torch.softmax(scores, dim=-1) @ rows[:, :512])
-    return torch.cat(outs)
-
-
-def _random_tree(t: int, gen: torch.Generator) -> torch.Tensor:
-    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, t)]
-    mask = torch.zeros(t, t, dtype=torch.bool)
-    for s in range(t):
-        u = s
-        while u >= 0:
-            mask[s, u] = True
-            u = parents[u]
-    return mask
-
-
 def _inputs(draft_lens, kv_lens, num_heads, tree, seed):
     gen = torch.Generator().manual_seed(seed)
     n, total = sum(draft_lens), sum(kv_lens)
@@ -177,7 +151,7 @@ def _inputs(draft_lens, kv_lens, num_heads, tree, seed):
     kv_indices = torch.randperm(pool, generator=gen)[:total].to(torch.int32).cuda()
     qo_indptr = torch.tensor([0, *torch.tensor(draft_lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
     kv_indptr = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
-    masks = [_random_tree(t, gen).cuda() for t in draft_lens] if tree else None
+    masks = [random_tree(t, gen).cuda() for t in draft_lens] if tree else None
     flat = torch.cat([m.flatten() for m in masks]) if tree else None
     return q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat
 
@@ -220,7 +194,7 @@ def test_matches_float64_reference(draft_lens, kv_lens, num_heads, tree, variant
                                  partial_o, partial_lse, variant=variant)
     torch.cuda.synchronize()
 
-    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale)
+    ref = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512)
     assert not torch.isnan(out).any(), "rows left unwritten"
     assert torch.isnan(guarded[: h * 512]).all() and torch.isnan(guarded[(n + 1) * h * 512 :]).all(), "wrote outside out"
     assert torch.equal(first, out), "not deterministic"
@@ -233,8 +207,8 @@ def test_matches_float64_reference(draft_lens, kv_lens, num_heads, tree, variant
 @needs_sm90
 def test_one_call_form():
     q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs([4, 2], [5000, 700], 16, True, seed=3)
-    out = hopper.mla_verify_attention_hopper(q, kv, qo_indptr, kv_indptr, kv_indices, flat, 1.0 / math.sqrt(192))
-    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, 1.0 / math.sqrt(192))
+    out = mla_verify_attention(q, kv, qo_indptr, kv_indptr, kv_indices, flat, 1.0 / math.sqrt(192), backend="hopper")
+    ref = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, 1.0 / math.sqrt(192), 512)
     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
 
 
@@ -261,7 +235,7 @@ def test_wrapper_backends_match_float64_reference(draft_lens, kv_lens, num_heads
     wrapper.run(q, kv, kv_indices, flat, scale, out)
     torch.cuda.synchronize()
     assert wrapper.last_path == backend
-    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale)
+    ref = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512)
     assert not torch.isnan(out).any(), "rows left unwritten"
     assert torch.isnan(guarded[: h * 512]).all() and torch.isnan(guarded[(n + 1) * h * 512 :]).all(), "wrote outside out"
     assert torch.equal(first, out), "not deterministic"
@@ -277,7 +251,7 @@ def test_auto_dispatches_hopper_and_falls_back_for_int64_indices():
 
     q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs([4, 2], [5000, 700], 16, True, seed=5)
     scale = 1.0 / math.sqrt(192)
-    ref = _reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale)
+    ref = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512)
     wrapper = MLAVerifyWrapper(q.device)
     wrapper.plan(qo_indptr, kv_indptr, 16)
     assert wrapper.path == "hopper"
