@@ -68,8 +68,8 @@ driver = os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-s
 if info["torch"] is not None:
     info["cuda"] = built_cuda()
     if driver:
-        try:
-            import torch
+        try:  # in the probe's own child process only; the runner never imports torch
+            torch = importlib.import_module("torch")
             info["cuda"] = torch.version.cuda
             if torch.cuda.is_available():
                 info["gpu_count"] = torch.cuda.device_count()
