@@ -31,7 +31,9 @@ and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``, the spli
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -127,20 +129,27 @@ def _split_kernel(variant: Variant):
 def available(device: torch.device | str) -> bool:
     """Whether this path can run on ``device`` at all: Gluon importable, not Triton's CPU
     interpreter (Gluon does not run there), a CUDA device of compute capability (9, 0)."""
-    import os
-
     device = torch.device(device)
     if not HAVE_GLUON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    return torch.cuda.get_device_capability(device) == (9, 0)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def supported(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
               kv_indices: torch.Tensor | None = None) -> bool:
     """Whether this Hopper kernel serves the call: Gluon available, an sm_90 CUDA device, bf16,
     576-wide rows (512 latent + 64 rope, V = latent), contiguous KV rows and q's last dim, int32 indices."""
-    if not available(q.device):
-        return False
+    return available(q.device) and supported_inputs(q, kv_cache, v_head_dim, kv_indices)
+
+
+def supported_inputs(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = V_HEAD_DIM,
+                     kv_indices: torch.Tensor | None = None) -> bool:
+    """``supported`` without the device check (for a caller that made it once, as the wrapper does)."""
     rows = kv_cache.reshape(kv_cache.shape[0], -1) if kv_cache.dim() == 3 else kv_cache
     return (
         q.dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16
@@ -167,7 +176,7 @@ def plan_tensors(plan: MLAVerifyPlan, device: torch.device | str) -> dict[str, t
     """``plan`` on ``device`` as the named int32 views ``run_split_and_combine`` reads
     (``PlanLayout.exact(plan).views``: counts, indptrs, mask_offsets, work_*, mb_*)."""
     layout = PlanLayout.exact(plan)
-    return layout.views(layout.pack(plan).to(device))
+    return layout.views(torch.from_numpy(layout.pack(plan)).to(device))
 
 
 def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,6 +185,16 @@ def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK
     n = max(1, num_work)
     return (torch.empty((n, block_m, V_HEAD_DIM), dtype=torch.float32, device=device),
             torch.empty((n, block_m), dtype=torch.float32, device=device))
+
+
+def _check_launch(plan, q, kv, kv_indices, out, partial_o, partial_lse, bm: int) -> None:
+    if plan.needs_combine and (partial_o.numel() < plan.num_work * bm * V_HEAD_DIM
+                               or partial_lse.numel() < plan.num_work * bm):  # unsplit items write out only
+        raise ValueError(f"Expected partials for {plan.num_work} work items of {bm} rows, got "
+                         f"{partial_o.numel()} and {partial_lse.numel()} elements")
+    if not supported(q, kv, V_HEAD_DIM, kv_indices) or out.stride(2) != 1:
+        raise ValueError("Expected bf16 q [N, H, 576] and KV rows [slots, 576] with unit last strides, int32 "
+                         "kv_indices, out with a unit last stride, on an sm_90 device (see supported())")
 
 
 def run_split_and_combine(
@@ -194,6 +213,7 @@ def run_split_and_combine(
     use_pdl: bool = False,
     variant: Variant | None = None,
     layout: PlanLayout | None = None,
+    checked: bool = False,
 ) -> None:
     """Launch the Gluon split kernel over ``plan`` (from ``make_plan``; its config must be
     ``tile_config``) and, when a row block has several splits, the combine kernel.
@@ -210,6 +230,8 @@ def run_split_and_combine(
     as the split programs exit, then waits with ``griddepcontrol.wait``). Off by default; a hook
     for the next PDL measurement in phases/kernel/NOTES.md ("What is left"). The early trigger
     (split programs releasing the combine at their start) lost 7-18 µs at B=1 on an H200.
+    checked: the caller (``MLAVerifyWrapper.run``) already validated the inputs and the partials
+    against this plan, so the per-call checks are skipped (host cost).
     Launches only device work (no host sync), so it can be captured in a CUDA graph.
     """
     if variant is None:
@@ -222,14 +244,9 @@ def run_split_and_combine(
     if layout.max_work == 0:
         return
     bm = cfg.block_m
-    if plan.needs_combine and (partial_o.numel() < plan.num_work * bm * V_HEAD_DIM
-                               or partial_lse.numel() < plan.num_work * bm):  # unsplit items write out only
-        raise ValueError(f"Expected partials for {plan.num_work} work items of {bm} rows, got "
-                         f"{partial_o.numel()} and {partial_lse.numel()} elements")
     kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv  # [slots, 576]
-    if not supported(q, kv, V_HEAD_DIM, kv_indices) or out.stride(2) != 1:
-        raise ValueError("Expected bf16 q [N, H, 576] and KV rows [slots, 576] with unit last strides, int32 "
-                         "kv_indices, out with a unit last stride, on an sm_90 device (see supported())")
+    if not checked:
+        _check_launch(plan, q, kv, kv_indices, out, partial_o, partial_lse, bm)
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
     _split_kernel(variant)[(layout.max_work,)](

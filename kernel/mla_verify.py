@@ -10,6 +10,7 @@ into the caller's fixed one); ``run`` only launches device work into ``out``, so
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ from kernel.plan import (
     plan_work,
 )
 from kernel import hopper
+from kernel.staging import upload_plan
 from kernel.triton_kernels import _mla_verify_combine_kernel, _mla_verify_split_kernel
-from kernel.validation import check_dims, check_inputs, check_lengths, check_planned_inputs, kv_rows
+from kernel.validation import check_dims, check_inputs, check_lengths, check_planned_inputs, check_sizes, kv_rows
 
 LOG2E = 1.4426950408889634
 COMBINE_SPLITS = 32  # splits merged per load in the combine kernel
@@ -50,8 +52,13 @@ if interpreting():
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
     return 4
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @dataclass
@@ -106,12 +113,12 @@ def make_plan(
     config None: the Triton path's default for the batch, or with ``hopper_tiles`` the tile
     configuration of the Hopper variant ``hopper.choose_variant`` picks."""
     check_dims(head_dim, v_head_dim)
-    qo = qo_indptr.tolist()
-    kv = kv_indptr.tolist()
+    qo, kv = host_lists(qo_indptr, kv_indptr)
     if qo[0] != 0:
         raise ValueError(f"Expected qo_indptr[0] == 0, got {qo[0]}")
     qo_lens = [b - a for a, b in zip(qo, qo[1:])]
     kv_lens = [b - a for a, b in zip(kv, kv[1:])]
+    check_lengths(qo_lens, kv_lens)
     dims = HeadDims.of(head_dim, v_head_dim)
     if config is None:
         max_rows = max(qo_lens) * num_heads if qo_lens else 1
@@ -122,29 +129,28 @@ def make_plan(
     return plan_work(qo_lens, kv_lens, num_heads, dims, config)
 
 
+def host_lists(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The two indptrs as host lists: free for CPU tensors, one device-to-host copy (one sync)
+    for device tensors (FlashInfer's ``plan`` likewise takes host indptrs)."""
+    if qo_indptr.device.type == "cpu" and kv_indptr.device.type == "cpu":
+        return qo_indptr.tolist(), kv_indptr.tolist()
+    both = torch.cat([qo_indptr.reshape(-1), kv_indptr.reshape(-1).to(qo_indptr.device)]).tolist()
+    return both[: qo_indptr.numel()], both[qo_indptr.numel() :]
+
+
 def triton_config_for(config: TileConfig) -> TileConfig:
     """The Triton path's launch configuration over the same work decomposition as ``config``.
 
-    The dispatched Hopper tile configurations decompose the work as the Triton defaults of the
-    same block sizes do: the 64-row one is the Triton 64-row default itself; the keys-as-M
-    16-row one differs only in launch parameters, replaced by the Triton 16-row default's
-    (8 warps, 3 stages). Other configurations are returned unchanged.
+    The dispatched Hopper tile configurations decompose the work as Triton configurations of the
+    same block sizes do: the 64-row one is launched as the Triton kernel with 64-row blocks
+    (BM64_BN64_w8_s2, which spills on sm_90: it only serves run()'s fallback for int64 indices or
+    strided rows over a Hopper plan); the keys-as-M 16-row one differs only in launch parameters,
+    replaced by the Triton 16-row default's (8 warps, 3 stages). Other configurations are
+    returned unchanged.
     """
     if not config.keys_as_m:
         return config
     return dataclasses.replace(config, keys_as_m=False, num_warps=8, num_stages=3)
-
-
-def upload_plan(plan: MLAVerifyPlan, layout: PlanLayout, device: torch.device, into: torch.Tensor | None = None) -> torch.Tensor:
-    """Copy ``plan`` packed in ``layout`` to ``device``: into ``into`` (int32 [>= layout.numel],
-    kept, as CUDA graphs need) or a new buffer. One host-to-device copy, asynchronous on CUDA."""
-    host = layout.pack(plan)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    if into is None:
-        return host.to(device, non_blocking=True)
-    into[: layout.numel].copy_(host, non_blocking=True)
-    return into
 
 
 def run_plan(
@@ -399,11 +405,10 @@ class MLAVerifyWrapper:
             layout = PlanLayout.exact(plan)
             buffer = upload_plan(plan, layout, self.device)
         self._plan, self._meta, self._dtype = plan, layout.views(buffer), dtype
+        self._sizes = (plan.num_tokens, plan.total_kv, plan.mask_numel)
         self.path = path
         self._variant = hopper.variant_of(plan.config) if path == "hopper" else None
-        # The Triton kernels over the same decomposition: run()'s fallback for inputs the Hopper
-        # kernels do not take (int64 kv_indices, strided KV rows).
-        self._triton_plan = dataclasses.replace(plan, config=triton_config_for(plan.config))
+        self._triton_plan = None  # built by run() when it needs the Triton path
         return plan
 
     def run(
@@ -426,18 +431,19 @@ class MLAVerifyWrapper:
             raise ValueError(
                 f"Expected q of shape [N, {plan.num_heads}, {plan.dims.head_dim}] as planned, got {tuple(q.shape)}"
             )
-        check_lengths(plan.qo_lens, plan.kv_lens, shapes.num_tokens, kv_indices.numel(), None if tree_mask is None else tree_mask.numel())
+        check_sizes(*self._sizes, shapes.num_tokens, kv_indices.numel(), None if tree_mask is None else tree_mask.numel())
         if out is None:
             out = torch.empty((shapes.num_tokens, shapes.num_heads, shapes.v_head_dim), dtype=q.dtype, device=q.device)
         scale = 1.0 / math.sqrt(shapes.head_dim) if sm_scale is None else float(sm_scale)
         layout = self._workspace.layout if self.use_cuda_graph else None
         kv = kv_rows(kv_cache)
         if self._variant is not None:
-            if hopper.supported(q, kv, plan.dims.v_head_dim, kv_indices) and out.stride(-1) == 1:
+            if hopper.supported_inputs(q, kv, plan.dims.v_head_dim, kv_indices) and out.stride(-1) == 1:
                 ws = self._workspace
                 hopper.run_split_and_combine(
                     plan, self._meta, q, kv, self._meta["qo_indptr"], self._meta["kv_indptr"], kv_indices,
                     tree_mask, scale, out, ws.partial_o, ws.partial_lse, variant=self._variant, layout=layout,
+                    checked=True,
                 )
                 self.last_path = "hopper"
                 return out
@@ -447,6 +453,10 @@ class MLAVerifyWrapper:
                     f"[slots, 576] KV rows, bf16, out with a unit last stride), got kv_indices {kv_indices.dtype}, "
                     f"KV strides {tuple(kv.stride())}, out strides {tuple(out.stride())}"
                 )
+        if self._triton_plan is None:
+            # The Triton kernels over the same decomposition: the fallback for inputs the Hopper
+            # kernels do not take (int64 kv_indices, strided KV rows).
+            self._triton_plan = dataclasses.replace(plan, config=triton_config_for(plan.config))
         run_plan(self._triton_plan, self._meta, q, kv, kv_indices, tree_mask, scale, out, self._workspace, layout=layout)
         self.last_path = "triton"
         return out
@@ -473,6 +483,8 @@ def mla_verify_attention(
     qo_indptr: int32 [B+1]; request b's draft queries are q[qo_indptr[b]:qo_indptr[b+1]] (1 <= T_b <= 64).
     kv_indptr: int32 [B+1]; request b's slots are kv_indices[kv_indptr[b]:kv_indptr[b+1]] in
         position order, the last T_b of them its draft tokens.
+        Both indptrs may be on q's device (planning reads them back: one sync) or on the host
+        (CPU tensors: no sync; the call only queues device work).
     kv_indices: int32/int64 [total].
     tree_mask: bool/uint8 [sum_b T_b^2] (request b's row-major [T_b, T_b] block at offset
         sum_{c<b} T_c^2; (t, u) true: draft t sees draft u) or None for causal drafts.

@@ -7,7 +7,7 @@ draft token in its M-block. Work items of the same (request, KV chunk) are adjac
 grid, so programs that share a chunk run at the same time and the second read of a tile
 hits L2 instead of memory.
 
-Planning is pure Python over the per-request lengths. ``PlanLayout`` places the result in one
+Planning is vectorized numpy over the per-request lengths (host arrays, no device sync). ``PlanLayout`` places the result in one
 flat int32 metadata buffer at fixed offsets (a count header, the indptrs, the work items and the
 row blocks), so a buffer sized once for the largest batch keeps its views across re-plans; work
 items and workspace are bounded by ``max_work_items`` so a caller can preallocate both once
@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -91,14 +92,14 @@ def default_tile_config(max_rows: int, dims: HeadDims, num_sms: int, interpret: 
 
 @dataclass
 class MLAVerifyPlan:
-    """Work decomposition of one verify call (host lists; ``PlanLayout`` packs them for the device).
+    """Work decomposition of one verify call (host arrays; ``PlanLayout`` packs them for the device).
 
     Work item w: request ``work_req[w]``, M-block ``work_mblk[w]``, KV positions
     ``[work_kv_start[w], work_kv_end[w])`` of that request, ``work_nsplit[w]`` splits share its
     (request, M-block); keys before ``work_full_end[w]`` come in whole tiles of prefix keys
     that need no mask. Row block i (``mb_*``) lists the (request, M-block) pairs with their
     first work item, split count and the stride between their splits' work items, for the
-    combine kernel.
+    combine kernel. ``qo_lens``/``kv_lens`` are host lists; every other array is int64 numpy.
     """
 
     config: TileConfig
@@ -106,31 +107,47 @@ class MLAVerifyPlan:
     num_heads: int
     qo_lens: list[int]
     kv_lens: list[int]
-    work_req: list[int] = field(default_factory=list)
-    work_mblk: list[int] = field(default_factory=list)
-    work_kv_start: list[int] = field(default_factory=list)
-    work_kv_end: list[int] = field(default_factory=list)
-    work_nsplit: list[int] = field(default_factory=list)
-    work_full_end: list[int] = field(default_factory=list)
-    mb_req: list[int] = field(default_factory=list)
-    mb_mblk: list[int] = field(default_factory=list)
-    mb_work_start: list[int] = field(default_factory=list)
-    mb_nsplit: list[int] = field(default_factory=list)
-    mb_stride: list[int] = field(default_factory=list)
-    mask_offsets: list[int] = field(default_factory=list)
+    work_req: np.ndarray = field(default_factory=lambda: _EMPTY)
+    work_mblk: np.ndarray = field(default_factory=lambda: _EMPTY)
+    work_kv_start: np.ndarray = field(default_factory=lambda: _EMPTY)
+    work_kv_end: np.ndarray = field(default_factory=lambda: _EMPTY)
+    work_nsplit: np.ndarray = field(default_factory=lambda: _EMPTY)
+    work_full_end: np.ndarray = field(default_factory=lambda: _EMPTY)
+    mb_req: np.ndarray = field(default_factory=lambda: _EMPTY)
+    mb_mblk: np.ndarray = field(default_factory=lambda: _EMPTY)
+    mb_work_start: np.ndarray = field(default_factory=lambda: _EMPTY)
+    mb_nsplit: np.ndarray = field(default_factory=lambda: _EMPTY)
+    mb_stride: np.ndarray = field(default_factory=lambda: _EMPTY)
+    mask_offsets: np.ndarray = field(default_factory=lambda: _EMPTY)
     chunk: int = 0
+    needs_combine: bool = False  # some row block has more than one split
 
     @property
     def num_work(self) -> int:
         return len(self.work_req)
 
-    @property
-    def needs_combine(self) -> bool:
-        return any(n > 1 for n in self.mb_nsplit)
 
     @property
     def num_row_blocks(self) -> int:
         return len(self.mb_req)
+
+    @property
+    def num_tokens(self) -> int:
+        """N = sum_b T_b (q's rows)."""
+        return sum(self.qo_lens)
+
+    @property
+    def total_kv(self) -> int:
+        """sum_b L_b (kv_indices entries the plan reads)."""
+        return sum(self.kv_lens)
+
+    @property
+    def mask_numel(self) -> int:
+        """sum_b T_b^2 (a tree mask's elements)."""
+        return sum(t * t for t in self.qo_lens)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 WORK_ARRAYS = ("work_req", "work_mblk", "work_kv_start", "work_kv_end", "work_full_end", "work_nsplit")
@@ -179,27 +196,32 @@ class PlanLayout:
             offset += size
         return views
 
-    def pack(self, plan: MLAVerifyPlan) -> torch.Tensor:
-        """``plan`` as a host int32 [numel] tensor in this layout (zeros past its sizes)."""
+    def pack(self, plan: MLAVerifyPlan, into: np.ndarray | None = None) -> np.ndarray:
+        """``plan`` as an int32 [numel] array in this layout (zeros past its sizes), written
+        into ``into`` (int32 [>= numel], e.g. a pinned staging buffer's numpy view) or a new array."""
         assert self.holds(plan), "plan larger than the layout"
         values = {
-            "counts": [plan.num_work, plan.num_row_blocks],
+            "counts": (plan.num_work, plan.num_row_blocks),
             "qo_indptr": _exclusive_sums(plan.qo_lens),
             "kv_indptr": _exclusive_sums(plan.kv_lens),
             "mask_offsets": plan.mask_offsets,
             **{name: getattr(plan, name) for name in WORK_ARRAYS + ROW_BLOCK_ARRAYS},
         }
-        flat: list[int] = []
+        flat = np.zeros(self.numel, dtype=np.int32) if into is None else into[: self.numel]
+        if into is not None:
+            flat.fill(0)
+        offset = 0
         for name, size in self.sizes().items():
-            flat += values[name]
-            flat += [0] * (size - len(values[name]))
-        return torch.tensor(flat, dtype=torch.int32)
+            value = values[name]
+            flat[offset : offset + len(value)] = value
+            offset += size
+        return flat
 
 
-def _exclusive_sums(lengths: list[int]) -> list[int]:
-    sums = [0]
-    for length in lengths:
-        sums.append(sums[-1] + length)
+def _exclusive_sums(lengths) -> np.ndarray:
+    """[0, l0, l0 + l1, ...] (len(lengths) + 1 entries)."""
+    sums = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=sums[1:])
     return sums
 
 
@@ -221,34 +243,40 @@ def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: Head
     """Split every request's KV range into chunks so about ``config.target_programs`` programs run.
 
     One chunk length (a multiple of block_n) is used for all requests, so long requests get
-    more splits and the programs do similar amounts of work.
+    more splits and the programs do similar amounts of work. Request b's work items are
+    ``nsplit_b * mblocks_b`` consecutive entries, split-major: split s of M-block m is item
+    ``first_b + s * mblocks_b + m``. Vectorized with numpy: the plan is on every call's host path.
     """
-    plan = MLAVerifyPlan(config, dims, num_heads, list(qo_lens), list(kv_lens))
-    mblocks = [math.ceil(t * num_heads / config.block_m) for t in qo_lens]
-    tile_work = sum(m * l for m, l in zip(mblocks, kv_lens))
-    chunk = max(config.min_chunk, math.ceil(tile_work / max(1, config.target_programs)))
-    chunk = math.ceil(chunk / config.block_n) * config.block_n
+    qo_lens, kv_lens = list(qo_lens), list(kv_lens)
+    plan = MLAVerifyPlan(config, dims, num_heads, qo_lens, kv_lens)
+    t = np.asarray(qo_lens, dtype=np.int64)
+    l = np.asarray(kv_lens, dtype=np.int64)
+    bm, bn = config.block_m, config.block_n
+    mblocks = -(-t * num_heads // bm)
+    tile_work = int((mblocks * l).sum())
+    chunk = max(config.min_chunk, -(-tile_work // max(1, config.target_programs)))
+    chunk = -(-chunk // bn) * bn
     plan.chunk = chunk
-    offset = 0
-    for b, (t, l, nm) in enumerate(zip(qo_lens, kv_lens, mblocks)):
-        plan.mask_offsets.append(offset)
-        offset += t * t
-        nsplit = math.ceil(l / chunk)
-        first = plan.num_work
-        for s in range(nsplit):
-            start, end = s * chunk, min(l, (s + 1) * chunk)
-            full_end = start + max(0, min(end, l - t) - start) // config.block_n * config.block_n
-            for m in range(nm):
-                plan.work_req.append(b)
-                plan.work_mblk.append(m)
-                plan.work_kv_start.append(start)
-                plan.work_kv_end.append(end)
-                plan.work_full_end.append(full_end)
-                plan.work_nsplit.append(nsplit)
-        for m in range(nm):
-            plan.mb_req.append(b)
-            plan.mb_mblk.append(m)
-            plan.mb_work_start.append(first + m)
-            plan.mb_nsplit.append(nsplit)
-            plan.mb_stride.append(nm)  # split s of this M-block is work item first + m + s * nm
+    plan.mask_offsets = _exclusive_sums(t * t)[:-1]
+    nsplit = -(-l // chunk)
+    works = nsplit * mblocks
+    first = _exclusive_sums(works)
+    requests = np.arange(len(t), dtype=np.int64)
+    req = np.repeat(requests, works)
+    local = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][req]
+    nm = mblocks[req]
+    start = local // nm * chunk
+    length = l[req]
+    end = np.minimum(length, start + chunk)
+    plan.work_req, plan.work_mblk = req, local % nm
+    plan.work_kv_start, plan.work_kv_end = start, end
+    plan.work_full_end = start + np.maximum(0, np.minimum(end, length - t[req]) - start) // bn * bn
+    plan.work_nsplit = nsplit[req]
+    mb_req = np.repeat(requests, mblocks)
+    mb_mblk = np.arange(int(mblocks.sum()), dtype=np.int64) - _exclusive_sums(mblocks)[:-1][mb_req]
+    plan.mb_req, plan.mb_mblk = mb_req, mb_mblk
+    plan.mb_work_start = first[:-1][mb_req] + mb_mblk
+    plan.mb_nsplit = nsplit[mb_req]
+    plan.mb_stride = mblocks[mb_req]  # split s of this M-block is work item mb_work_start + s * mb_stride
+    plan.needs_combine = bool((nsplit[mblocks > 0] > 1).any())
     return plan

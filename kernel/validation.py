@@ -71,14 +71,14 @@ def check_inputs(
     """Validate the arguments of :func:`kernel.mla_verify_attention` and return their sizes.
 
     q: [N, H, D] bf16/fp16.  kv_cache: [num_slots, D] or [num_slots, 1, D], q's dtype.
-    qo_indptr, kv_indptr: int32 [B+1].  kv_indices: int32/int64 [total].
+    qo_indptr, kv_indptr: int32 [B+1], on q's device or the host.  kv_indices: int32/int64 [total].
     tree_mask: bool/uint8 [sum_b T_b^2] or None.  out: [N, H, v_head_dim], q's dtype, or None.
     """
     shapes = check_planned_inputs(q, kv_cache, kv_indices, tree_mask, v_head_dim, out)
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
         _expect(t.dim() == 1 and t.numel() >= 2, f"{name} of shape [B+1] with B >= 1", tuple(t.shape))
         _expect(t.dtype == torch.int32, f"{name}.dtype == torch.int32", t.dtype)
-        _expect(t.device == q.device, f"{name} on q's device ({q.device})", t.device)
+        _expect(t.device == q.device or t.device.type == "cpu", f"{name} on q's device ({q.device}) or the host", t.device)
     _expect(qo_indptr.numel() == kv_indptr.numel(), f"kv_indptr of shape [B+1] = {tuple(qo_indptr.shape)} like qo_indptr", tuple(kv_indptr.shape))
     return VerifyShapes(shapes.num_tokens, shapes.num_heads, shapes.head_dim, v_head_dim, qo_indptr.numel() - 1, shapes.num_slots)
 
@@ -120,19 +120,21 @@ def check_planned_inputs(
     if out is not None:
         tensors.append(("out", out))
     for name, t in tensors:
-        _expect(t.device == q.device, f"{name} on q's device ({q.device})", t.device)
+        _expect(t.device == q.device or t.device.type == "cpu", f"{name} on q's device ({q.device}) or the host", t.device)
     return VerifyShapes(n, h, d, v_head_dim, 0, rows.shape[0])
 
 
-def check_lengths(
-    qo_lens: list[int], kv_lens: list[int], num_tokens: int, total_kv: int, tree_mask_numel: int | None
-) -> None:
-    """Per-request lengths (read on the host): 1 <= T_b <= 64, T_b <= L_b, sizes add up."""
+def check_lengths(qo_lens: list[int], kv_lens: list[int]) -> None:
+    """Per-request lengths (read on the host, checked once per plan): 1 <= T_b <= 64, T_b <= L_b."""
     for b, (t, l) in enumerate(zip(qo_lens, kv_lens)):
         _expect(1 <= t <= MAX_DRAFT, f"1 <= T_b <= {MAX_DRAFT} draft tokens for request {b} (qo_indptr[{b}+1] - qo_indptr[{b}])", t)
         _expect(l >= t, f"L_b >= T_b for request {b} (its last T_b KV slots are its draft tokens; T_b={t})", l)
-    _expect(sum(qo_lens) == num_tokens, f"qo_indptr[-1] == N == q.shape[0] ({num_tokens})", sum(qo_lens))
-    _expect(sum(kv_lens) <= total_kv, f"kv_indptr[-1] <= kv_indices.numel() ({total_kv})", sum(kv_lens))
+
+
+def check_sizes(num_tokens: int, total_kv: int, mask_numel: int, q_rows: int, num_indices: int, tree_mask_numel: int | None) -> None:
+    """A run's tensor sizes against its plan's totals: N = sum_b T_b, sum_b L_b <= kv_indices.numel(),
+    and a tree mask of sum_b T_b^2 elements."""
+    _expect(num_tokens == q_rows, f"qo_indptr[-1] == N == q.shape[0] ({q_rows})", num_tokens)
+    _expect(total_kv <= num_indices, f"kv_indptr[-1] <= kv_indices.numel() ({num_indices})", total_kv)
     if tree_mask_numel is not None:
-        need = sum(t * t for t in qo_lens)
-        _expect(tree_mask_numel == need, f"tree_mask with sum_b T_b^2 = {need} elements", tree_mask_numel)
+        _expect(tree_mask_numel == mask_numel, f"tree_mask with sum_b T_b^2 = {mask_numel} elements", tree_mask_numel)

@@ -4,7 +4,10 @@ workspace bound holds for any lengths."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel.plan import HeadDims, TileConfig, max_work_items, plan_work
+import numpy as np
+import torch
+
+from kernel.plan import HeadDims, PlanLayout, TileConfig, max_work_items, plan_work
 
 CONFIGS = [
     TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=3, target_programs=132),
@@ -44,3 +47,51 @@ def test_work_items_tile_every_row_block_and_key_once_within_the_bound(batch):
         assert {(plan.work_req[w0 + s * stride], plan.work_mblk[w0 + s * stride]) for s in range(n)} == {
             (plan.mb_req[i], plan.mb_mblk[i])
         }
+
+
+def loop_plan(qo_lens, kv_lens, num_heads, config):
+    """The decomposition written as loops (the definition ``plan_work`` vectorizes)."""
+    mblocks = [-(-t * num_heads // config.block_m) for t in qo_lens]
+    chunk = max(config.min_chunk, -(-sum(m * l for m, l in zip(mblocks, kv_lens)) // max(1, config.target_programs)))
+    chunk = -(-chunk // config.block_n) * config.block_n
+    work, rows, masks, offset = [], [], [], 0
+    for b, (t, l, nm) in enumerate(zip(qo_lens, kv_lens, mblocks)):
+        masks.append(offset)
+        offset += t * t
+        nsplit, first = -(-l // chunk), len(work)
+        for s in range(nsplit):
+            start, end = s * chunk, min(l, (s + 1) * chunk)
+            full_end = start + max(0, min(end, l - t) - start) // config.block_n * config.block_n
+            work += [(b, m, start, end, full_end, nsplit) for m in range(nm)]
+        rows += [(b, m, first + m, nsplit, nm) for m in range(nm)]
+    return chunk, work, rows, masks
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches())
+def test_vectorized_plan_equals_the_loop_definition(batch):
+    drafts, lengths, heads, config = batch
+    plan = plan_work(drafts, lengths, heads, HeadDims.of(576, 512), config)
+    chunk, work, rows, masks = loop_plan(drafts, lengths, heads, config)
+    assert plan.chunk == chunk
+    assert list(zip(*(a.tolist() for a in (plan.work_req, plan.work_mblk, plan.work_kv_start, plan.work_kv_end,
+                                           plan.work_full_end, plan.work_nsplit)))) == work
+    assert list(zip(*(a.tolist() for a in (plan.mb_req, plan.mb_mblk, plan.mb_work_start, plan.mb_nsplit,
+                                           plan.mb_stride)))) == rows
+    assert plan.mask_offsets.tolist() == masks
+
+
+def test_layout_pack_writes_every_array_at_its_offset_and_zeros_the_rest():
+    config = CONFIGS[0]
+    plan = plan_work([1, 8, 3], [100, 70_000, 5], 16, HeadDims.of(576, 512), config)
+    layout = PlanLayout(5, plan.num_work + 3, plan.num_row_blocks + 2)
+    staging = np.full(layout.numel + 7, -1, dtype=np.int32)  # stale values from an earlier plan
+    packed = layout.pack(plan, into=staging)
+    views = layout.views(torch.from_numpy(staging))
+    assert packed.shape == (layout.numel,) and (staging[layout.numel:] == -1).all()
+    assert views["counts"].tolist() == [plan.num_work, plan.num_row_blocks]
+    assert views["qo_indptr"].tolist() == [0, 1, 9, 12, 0, 0]
+    assert views["kv_indptr"].tolist() == [0, 100, 70_100, 70_105, 0, 0]
+    assert views["work_kv_end"].tolist() == plan.work_kv_end.tolist() + [0, 0, 0]
+    assert views["mb_stride"].tolist() == plan.mb_stride.tolist() + [0, 0]
+    assert (layout.pack(plan) == packed).all()
