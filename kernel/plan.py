@@ -78,16 +78,18 @@ def default_tile_config(max_rows: int, dims: HeadDims, num_sms: int, interpret: 
     """Pick a tile configuration for the widest request's packed row count ``max_rows`` = max_b T_b*H.
 
     Measured on an H200 at 128k context (phases/kernel/NOTES.md): one 16-row block with 8 warps and
-    3 stages is the fastest configuration without register spills for up to 16 rows; past
-    that a 64-row block with 8 warps (wgmma) wins by far despite its spills, because every
-    extra row block re-reads the KV chunk from L2. One program per SM beat two.
+    3 stages is the fastest configuration without register spills for up to 16 rows. Past that a
+    64-row block (wgmma) was faster but spills 58-100 words for sm_90 in every warp / stage
+    combination (NOTES: compile sweep), so the portable path takes 32-row blocks of 32 keys with
+    8 warps and 2 stages, the widest configuration that compiles spill-free (sm_90 GPUs take the
+    Hopper path for these shapes anyway). One program per SM beat two.
     """
     if interpret:
         # Small tiles keep the CPU interpreter fast and still exercise multi-block paths.
         return TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, target_programs=4, min_chunk=16)
     if max_rows <= 16:
         return TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=3, target_programs=num_sms)
-    return TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, target_programs=num_sms)
+    return TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, target_programs=num_sms)
 
 
 @dataclass
