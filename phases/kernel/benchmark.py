@@ -8,11 +8,16 @@ oracle. Ceilings are measured first, in the same process. Rows are classed by pa
 ``H*T``: memory-bound (<= 64), compute-bound (>= 256), mid otherwise. The decode rows
 (``phases.kernel.bench.shapes.DECODE_*``) are reported, not thresholded.
 
-Three times per row: ``time_us`` (and so ``frac``) is the planned call a serving engine makes
+Four times per row: ``time_us`` (and so ``frac``) is the planned call a serving engine makes
 per layer, ``MLAVerifyWrapper.plan()`` once outside the timing and ``run(out=)`` captured in a
 CUDA graph whose replay is timed (device time, as an engine under graph capture pays it);
 ``eager_us`` is the same planned ``run`` launched eagerly (plus host launch cost); ``call_us``
-is the one-call ``mla_verify_attention`` run eagerly, including its host-side planning.
+is the one-call ``mla_verify_attention`` run eagerly with device indptrs (host planning and the
+one read-back included), ``call_host_us`` the same with host (CPU) indptrs, as FlashInfer's
+``plan`` takes them (no sync). ``max_eager_gap_us_b1`` / ``max_call_gap_us_b1`` are the largest
+``eager_us - time_us`` and ``call_host_us - time_us`` over the B=1 sweep rows (the host-cost
+targets: within 10 and 30 µs). ``fixed_cost.md`` fits ``t = a + bytes / BW`` per (H, T) over
+the sweep's contexts, grouped by class.
 All three use the default dispatch (``backend="auto"``): the Hopper path on an sm_90 GPU with
 Gluon, the Triton path elsewhere; each row records the path its planned call used (``path``).
 
@@ -41,6 +46,7 @@ from runner import gatekit
 
 from kernel.reference import mla_verify_reference
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from phases.kernel.bench.fit import fit_fixed_cost, fit_table
 from phases.kernel.bench.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 from phases.kernel.bench.shapes import (
     BATCH8_CONTEXTS,
@@ -77,7 +83,7 @@ class BenchRow:
     total_kv: int
     time_us: float  # planned run, CUDA-graph replay (eager where no graph can be captured)
     eager_us: float  # planned run, launched eagerly
-    call_us: float  # one-call API, eagerly, host planning included
+    call_us: float  # one-call API, eagerly, device indptrs (host planning and one read-back included)
     kv_GBps: float
     tflops: float
     roofline_us: float
@@ -87,6 +93,7 @@ class BenchRow:
     speedup: float | None
     rel_err: float
     path: str = "n/a"  # the kernel path the planned call dispatched to: "hopper" | "triton" ("n/a": not planned)
+    call_host_us: float | None = None  # one-call API, eagerly, host (CPU) indptrs
 
 
 @dataclass(frozen=True)
@@ -244,7 +251,7 @@ class _Bench:
         outs = [_empty_out(inputs, case) for _, case, inputs in variants]
         planned = [self._prepare(inputs, out) for (_, _, inputs), out in zip(variants, outs)]
         rel_errs = [self._check(v[2], out, run) for v, out, run in zip(variants, outs, planned)]
-        best = [(float("inf"),) * 3] * len(variants)
+        best = [(float("inf"),) * 4] * len(variants)
         for _ in range(2):
             for i, ((_, _, inputs), out) in enumerate(zip(variants, outs)):
                 times = self._time_kernel(inputs, out, planned[i])
@@ -264,15 +271,18 @@ class _Bench:
 
     def _time_kernel(
         self, inputs: dict, out: torch.Tensor, planned: tuple[Callable[[], object], ...] | None
-    ) -> tuple[float, float, float]:
-        """(time_us, eager_us, call_us): planned replay, planned eager call, one-call API."""
+    ) -> tuple[float, float, float, float]:
+        """(time_us, eager_us, call_us, call_host_us): planned replay, planned eager call, one-call
+        API with device indptrs, and with host indptrs."""
         call_us = self.time_fn(lambda: self.attention_fn(**inputs, out=out), warmup_ms=25, rep_ms=200)
         if planned is None:
-            return call_us, call_us, call_us
+            return call_us, call_us, call_us, call_us
+        host = {**inputs, "qo_indptr": inputs["qo_indptr"].cpu(), "kv_indptr": inputs["kv_indptr"].cpu()}
+        call_host_us = self.time_fn(lambda: self.attention_fn(**host, out=out), warmup_ms=25, rep_ms=200)
         eager, replay = planned
         eager_us = self.time_fn(eager, warmup_ms=25, rep_ms=200)
         time_us = eager_us if replay is eager else self.time_fn(replay, warmup_ms=25, rep_ms=200)
-        return time_us, eager_us, call_us
+        return time_us, eager_us, call_us, call_host_us
 
     def _check(self, inputs: dict, out: torch.Tensor, planned: tuple[Callable[[], object], ...] | None) -> float:
         """Largest per-request relative error vs the fp32 oracle, over the one-call API and the
@@ -304,13 +314,15 @@ class _Bench:
         name: str,
         kind: str,
         case: Case,
-        times_us: tuple[float, float, float],
+        times_us: tuple[float, ...],
         oracle_us: float | None,
         rel_err: float,
         path: str = "n/a",
     ) -> BenchRow:
-        """A row from ``times_us = (time_us, eager_us, call_us)``; roofline from the same-run ceilings."""
-        time_us, eager_us, call_us = times_us
+        """A row from ``times_us = (time_us, eager_us, call_us[, call_host_us])``; roofline from the
+        same-run ceilings."""
+        time_us, eager_us, call_us = times_us[:3]
+        call_host_us = times_us[3] if len(times_us) > 3 else None
         heads, drafts, contexts = case.num_heads, case.draft_lens, case.context_lens
         num_bytes = mla_verify_bytes(contexts, drafts, heads, HEAD_DIM, V_HEAD_DIM)
         flops = mla_verify_flops(contexts, drafts, heads, HEAD_DIM, V_HEAD_DIM)
@@ -336,6 +348,7 @@ class _Bench:
             speedup=None if oracle_us is None else round(oracle_us / time_us, 2),
             rel_err=rel_err,
             path=path,
+            call_host_us=None if call_host_us is None else round(call_host_us, 2),
         )
 
 
@@ -366,6 +379,9 @@ def summarize(rows: list[BenchRow], ceilings: Ceilings) -> dict:
     ):
         if slower in by_kind and baseline in by_kind:
             metrics[metric] = round(by_kind[slower].time_us / by_kind[baseline].time_us - 1, 4)
+    b1 = [r for r in sweep if r.batch_size == 1]
+    _put_max(metrics, "max_eager_gap_us_b1", [r.eager_us - r.time_us for r in b1])
+    _put_max(metrics, "max_call_gap_us_b1", [r.call_host_us - r.time_us for r in b1 if r.call_host_us is not None])
     metrics["max_rel_err"] = max(r.rel_err for r in rows)
     metrics["rows"] = len(rows)
     metrics["rows_hopper"] = sum(r.path == "hopper" for r in rows)
@@ -408,18 +424,20 @@ def markdown_table(rows: list[BenchRow], ceilings: Ceilings, device_info: dict) 
         f"- bf16 matmul 8192^3: {ceilings.bf16_flops_per_s / 1e12:.1f} TFLOP/s",
         "",
         "time_us: planned run replayed from a CUDA graph; eager_us: the same run launched eagerly; "
-        "call_us: one-call mla_verify_attention, eagerly (host planning included).",
+        "call_us / call_host_us: one-call mla_verify_attention, eagerly, with device / host indptrs "
+        "(host planning included).",
         "",
-        "| row | context | H | T | B | time_us | eager_us | call_us | kv_GBps | TFLOP/s | roofline_us | frac | bound "
+        "| row | context | H | T | B | time_us | eager_us | call_us | call_host_us | kv_GBps | TFLOP/s | roofline_us | frac | bound "
         "| oracle_us | speedup | rel_err | path |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
         oracle = "n/a" if r.oracle_us is None else f"{r.oracle_us:.1f}"
         speedup = "n/a" if r.speedup is None else f"{r.speedup:.2f}"
         lines.append(
             f"| {r.name} | {context_label(r.context)} | {r.num_heads} | {r.num_draft} | {r.batch_size} | "
-            f"{r.time_us:.1f} | {r.eager_us:.1f} | {r.call_us:.1f} | {r.kv_GBps:.0f} | {r.tflops:.1f} | {r.roofline_us:.1f} | {r.frac:.3f} | "
+            f"{r.time_us:.1f} | {r.eager_us:.1f} | {r.call_us:.1f} | "
+            f"{'n/a' if r.call_host_us is None else f'{r.call_host_us:.1f}'} | {r.kv_GBps:.0f} | {r.tflops:.1f} | {r.roofline_us:.1f} | {r.frac:.3f} | "
             f"{r.bound} | "
             f"{oracle} | {speedup} | {r.rel_err:.2e} | {r.path} |"
         )
@@ -455,7 +473,10 @@ def write_artifacts(
         "metrics": metrics,
         "rows": [asdict(r) for r in rows],
     }
-    files = {"bench.json": json.dumps(payload, indent=1), "bench.md": table}
+    fits = fit_fixed_cost(rows)
+    payload["fixed_cost"] = [asdict(f) for f in fits]
+    files = {"bench.json": json.dumps(payload, indent=1), "bench.md": table,
+             "fixed_cost.md": fit_table(fits, ceilings.copy_bw_bytes_per_s / 1e12)}
     figures = plots(rows)
     if directory is None:
         for name, text in files.items():
@@ -518,6 +539,11 @@ def _empty_out(inputs: dict, case: Case) -> torch.Tensor:
 def _put_min(metrics: dict, name: str, values: list[float]) -> None:
     if values:
         metrics[name] = min(values)
+
+
+def _put_max(metrics: dict, name: str, values: list[float]) -> None:
+    if values:
+        metrics[name] = round(max(values), 2)
 
 
 class _Progress:

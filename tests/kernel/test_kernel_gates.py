@@ -353,7 +353,7 @@ def test_benchmark_artifacts_go_through_the_runner(tmp_path, monkeypatch):
     metrics = benchmark.summarize(rows, ceilings)
     benchmark.write_artifacts(None, rows, ceilings, {}, metrics, "table")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "bench.json", "bench.md", "kv-bandwidth.plot.json", "roofline-fraction.plot.json"
+        "bench.json", "bench.md", "fixed_cost.md", "kv-bandwidth.plot.json", "roofline-fraction.plot.json"
     ]
 
 
@@ -542,3 +542,22 @@ def test_plan_validates_against_the_runner_schema():
     assert kernel_phase.gate("interpret").requires == []
     assert all(gate.requires == ["cuda"] for phase in document.plan.phases for gate in phase.gates
                if gate.name != "interpret")
+
+
+def test_fixed_cost_fit_recovers_a_planted_line_and_host_gaps_are_reported():
+    """Rows on t = 7 µs + bytes / 3 TB/s give back a = 7 and BW = 3; the host-gap metrics are
+    the largest eager and host-indptr one-call excesses over the replay time at B=1."""
+    from phases.kernel.bench.fit import fit_fixed_cost, fit_table
+
+    rows = []
+    for context in (4096, 16384, 65536, 131072):
+        t = 7.0 + context * 576 * 2 / 3e12 * 1e6
+        row = synthetic_row(f"h16_t1_{context}", "sweep", context, 16, 1, t)
+        row.call_host_us = t + (25.0 if context == 16384 else 5.0)
+        rows.append(row)
+    (fit,) = fit_fixed_cost(rows)
+    assert (fit.num_heads, fit.num_draft, fit.points) == (16, 1, 4)
+    assert abs(fit.a_us - 7.0) < 0.05 and abs(fit.bw_TBps - 3.0) < 0.01 and fit.max_resid_us < 0.05
+    assert "| memory | 16 | 1 | 7.0 | 3.00 |" in fit_table([fit], 4.0)
+    metrics = benchmark.summarize(rows, Ceilings(4.25e12, 690e12))
+    assert metrics["max_eager_gap_us_b1"] == 10.0 and metrics["max_call_gap_us_b1"] == 25.0
