@@ -80,7 +80,7 @@ class AttentionBackend:
         r = self.kv_lora_rank
         out = torch.empty(n, h, v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
         rows_all = self.pool.layer(layer)
-        qo, kv = batch.qo_indptr.tolist(), batch.kv_indptr.tolist()
+        qo, kv = batch.qo_indptr_host.tolist(), batch.kv_indptr_host.tolist()  # host copies: no sync
         for b in range(batch.batch_size):
             slots = batch.kv_indices[kv[b] : kv[b + 1]].long()
             rows = rows_all[slots].to(q_nope.dtype)  # [L, r + rope]
