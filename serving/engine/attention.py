@@ -1,7 +1,8 @@
 """Attention backends, shaped like SGLang's ``AttentionBackend``.
 
 ``init_forward_metadata(batch)`` runs once per step for all layers (for the kernel backend:
-one ``MLAVerifyWrapper.plan``, the step's only host sync for attention); then each layer calls
+one ``MLAVerifyWrapper.plan`` from the batch's host copies of the indptrs, so attention adds no
+host sync to a step); then each layer calls
 ``forward_extend`` (prefill), ``forward_decode`` (T=1) or ``forward_verify`` (draft tree).
 
 Decode and verify take the absorbed query ``q`` [N, H, kv_lora_rank + qk_rope_head_dim] and
@@ -143,8 +144,9 @@ class KernelBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self._planned = False
         if batch.mode in ("decode", "verify"):
+            # The host copies: plan() reads the lengths with .tolist(), a device sync on the device tensors.
             self.wrapper.plan(
-                batch.qo_indptr, batch.kv_indptr, self.num_heads, head_dim=self.pool.kv.shape[-1],
+                batch.qo_indptr_host, batch.kv_indptr_host, self.num_heads, head_dim=self.pool.kv.shape[-1],
                 v_head_dim=self.kv_lora_rank, dtype=self.pool.dtype,
             )
             self._planned = True

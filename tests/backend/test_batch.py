@@ -1,11 +1,16 @@
-"""The packed ForwardBatch: field values and dtypes, host copies of the indptrs."""
+"""The packed ForwardBatch: field values and dtypes, host copies of the indptrs, and the kernel
+backend planning from those host copies."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
+from serving.engine import make_backend
 from serving.engine.batch import build_batch
+from serving.engine.kv_pool import KVPool
 from serving.engine.tree import DraftTree
 
 gpu = pytest.mark.gpu
@@ -57,6 +62,20 @@ def test_build_batch_packs_every_field():
 def test_host_prefixes_need_no_concatenation():
     batch = build_batch("decode", [[1], [2]], [[2], [1]], [[4, 5], [6]], [[7], [8]], None, "cpu")
     assert batch.kv_indices.tolist() == [4, 5, 7, 6, 8] and batch.kv_indptr.tolist() == [0, 3, 5]
+
+
+def test_kernel_backend_plans_from_host_copies():
+    """The batch's device indptrs sit on the meta device, which the host cannot read: planning
+    succeeds only from the host copies (as on a GPU, where reading the device ones syncs)."""
+    pool = KVPool(1, 64, 576, torch.bfloat16, "cpu")
+    backend = make_backend("kernel", pool, num_heads=2, kv_lora_rank=512, sm_scale=0.1)
+    batch, _ = mixed_batch("cpu")
+    meta = dataclasses.replace(batch, qo_indptr=batch.qo_indptr.to("meta"), kv_indptr=batch.kv_indptr.to("meta"))
+    with pytest.raises(NotImplementedError, match="meta tensor"):
+        meta.qo_indptr.tolist()
+    backend.init_forward_metadata(meta)
+    plan = backend.wrapper._plan
+    assert plan.qo_lens == [4, 1, 2] and plan.kv_lens == [7, 3, 2]
 
 
 @gpu
