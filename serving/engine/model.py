@@ -103,9 +103,10 @@ class DeepseekV3Model:
         if batch.mode == "extend":
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
         else:
-            q_latent = torch.einsum("nhd,hdr->nhr", q_nope, self.w_uk[i])
+            # Per-head bmm over head-major views: the products einsum would run, without its host-side parsing.
+            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk[i]).transpose(0, 1)  # [N, H, r]
             latent_out = backend.forward_absorbed(torch.cat([q_latent, q_rope], dim=-1), i, batch)  # [N, H, r]
-            out = torch.einsum("nhr,hvr->nhv", latent_out, self.w_uv[i])
+            out = torch.bmm(latent_out.transpose(0, 1), self.w_uv[i].transpose(1, 2)).transpose(0, 1)  # [N, H, v]
         return self._linear(out.reshape(n, heads * cfg.v_head_dim), p + "o_proj")
 
     def _mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
