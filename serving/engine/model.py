@@ -32,7 +32,7 @@ from serving.engine.weights import load_weights
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, then scale."""
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    x32 = x32 * x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # in place on the fresh [.., 1] statistics
     return weight * x32.to(x.dtype)
 
 
@@ -99,7 +99,7 @@ class DeepseekV3Model:
         latent = self._linear(x, p + "kv_a_proj_with_mqa")
         c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
         k_rope = self.rope.apply(latent[:, None, r:], batch.positions, rope_tables)[:, 0]
-        pool.layer(i)[batch.out_slots] = torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype)
+        pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))  # slots are distinct
         if batch.mode == "extend":
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
         else:
@@ -159,7 +159,7 @@ class DeepseekV3Model:
         cfg = self.cfg
         backend.init_forward_metadata(batch)
         self.rope.ensure(batch.max_position + 1)
-        x = self.w["model.embed_tokens.weight"][batch.input_ids]
+        x = self.w["model.embed_tokens.weight"].index_select(0, batch.input_ids)
         rope_tables = self.rope.tables(batch.positions, x.dtype)
         for i in range(num_layers or cfg.num_hidden_layers):
             p = f"model.layers.{i}."
