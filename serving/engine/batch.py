@@ -66,7 +66,7 @@ def build_batch(
     mode: str,
     tokens: list[list[int]],
     positions: list[list[int]],
-    prefix_slots: list[list[int]],
+    prefix_slots: list,
     new_slots: list[list[int]],
     tree_masks: list[torch.Tensor] | None,
     device: torch.device,
@@ -74,14 +74,15 @@ def build_batch(
     """Pack per-request host lists into a ForwardBatch with one host-to-device copy.
 
     tokens/positions/new_slots: per request, its T_b new tokens; prefix_slots: its cached
-    slots before them (a host list or an int32 device tensor, e.g. ``SlotTable.device_slots``);
-    tree_masks: per request bool [T_b, T_b] (verify) or None.
+    slots before them: a host list, an int32 device tensor (e.g. ``SlotTable.device_slots``) or
+    a pair (device tensor, host list) of the two in that order; tree_masks: per request bool
+    [T_b, T_b] (verify) or None.
 
     Every host-side field goes into one int64 host buffer (pinned on CUDA) of three regions:
     int64 [input_ids | positions | out_slots], int32 [kv segments | qo_indptr | kv_indptr] and
     bool [tree_mask]; the device fields are views of its single copy (no cast kernels). A kv
-    segment is a request's host-list prefix (if any) and its new slots, so a batch whose
-    prefixes are all host lists needs no concatenation on the device.
+    segment is the host part of a request's prefix and its new slots, so a batch whose prefixes
+    are all host lists needs no concatenation on the device.
     """
     if mode not in MODES:
         raise ValueError(f"Expected mode in {MODES}, got {mode!r}")
@@ -97,27 +98,33 @@ def build_batch(
             raise ValueError("Expected tree_masks for a verify batch, got None")
         mask = torch.cat([m.reshape(-1).to(torch.bool) for m in tree_masks])
     device = torch.device(device)
-    kv_lens = [int(len(p)) + len(n) for p, n in zip(prefix_slots, new_slots)]
-    qo_indptr = [0]
-    kv_indptr = [0]
-    for q, k in zip(qo_lens, kv_lens):
-        qo_indptr.append(qo_indptr[-1] + q)
-        kv_indptr.append(kv_indptr[-1] + k)
     longs = [x for rows in (tokens, positions, new_slots) for row in rows for x in row]
     ints: list[int] = []
     pieces: list = []  # kv_indices in order: device prefixes and (start, end) ranges of ``ints``
+    kv_lens = []
     for p, n in zip(prefix_slots, new_slots):
-        start = len(ints)
-        if isinstance(p, torch.Tensor):
-            pieces.append(p)
+        if isinstance(p, tuple):
+            on_device, on_host = p
+        elif isinstance(p, torch.Tensor):
+            on_device, on_host = p, ()
         else:
-            ints.extend(p)
+            on_device, on_host = None, p
+        start = len(ints)
+        if on_device is not None:
+            pieces.append(on_device)
+        ints.extend(on_host)
         ints.extend(n)
+        kv_lens.append(len(ints) - start + (0 if on_device is None else on_device.numel()))
         if pieces and isinstance(pieces[-1], tuple):  # segments are back to back: extend the run
             pieces[-1] = (pieces[-1][0], len(ints))
         else:
             pieces.append((start, len(ints)))
     total_kv = len(ints)
+    qo_indptr = [0]
+    kv_indptr = [0]
+    for q, k in zip(qo_lens, kv_lens):
+        qo_indptr.append(qo_indptr[-1] + q)
+        kv_indptr.append(kv_indptr[-1] + k)
     ints += qo_indptr + kv_indptr
     w64, w32 = _words(len(longs), 1), _words(len(ints), 2)
     w8 = _words(mask.numel(), 8) if mask is not None else 0

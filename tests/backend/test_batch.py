@@ -64,6 +64,14 @@ def test_host_prefixes_need_no_concatenation():
     assert batch.kv_indices.tolist() == [4, 5, 7, 6, 8] and batch.kv_indptr.tolist() == [0, 3, 5]
 
 
+def test_prefix_split_between_device_and_host():
+    """A (device tensor, host list) prefix: the device slots, then the host ones, then the new."""
+    prefix = [(torch.tensor([4, 5], dtype=torch.int32), [9]), [6], (torch.tensor([3], dtype=torch.int32), [])]
+    batch = build_batch("decode", [[1], [2], [3]], [[3], [1], [1]], prefix, [[7], [8], [10]], None, "cpu")
+    assert batch.kv_indices.tolist() == [4, 5, 9, 7, 6, 8, 3, 10]
+    assert batch.kv_lens == [4, 2, 2] and batch.kv_indptr_host.tolist() == [0, 4, 6, 8]
+
+
 def test_kernel_backend_plans_from_host_copies():
     """The batch's device indptrs sit on the meta device, which the host cannot read: planning
     succeeds only from the host copies (as on a GPU, where reading the device ones syncs)."""
