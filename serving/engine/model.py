@@ -95,10 +95,11 @@ class DeepseekV3Model:
             q = self._linear(x, p + "q_a_proj")
             q = self._linear(rms_norm(q, self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
         q = q.view(n, heads, nope + rope_dim)
-        q_nope, q_rope = q[..., :nope], self.rope.apply(q[..., nope:], batch.positions, rope_tables)
         latent = self._linear(x, p + "kv_a_proj_with_mqa")
+        # q's heads and the shared key as one [N, H + 1, rope] tensor: one rotation (elementwise, same values) instead of two.
+        roped = self.rope.apply(torch.cat([q[..., nope:], latent[:, None, r:]], dim=1), batch.positions, rope_tables)
+        q_nope, q_rope, k_rope = q[..., :nope], roped[:, :heads], roped[:, heads]
         c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
-        k_rope = self.rope.apply(latent[:, None, r:], batch.positions, rope_tables)[:, 0]
         pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))  # slots are distinct
         if batch.mode == "extend":
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
