@@ -1,7 +1,8 @@
 """Attention backends, shaped like SGLang's ``AttentionBackend``.
 
 ``init_forward_metadata(batch)`` runs once per step for all layers (for the kernel backend:
-one ``MLAVerifyWrapper.plan``, the step's only host sync for attention); then each layer calls
+one ``MLAVerifyWrapper.plan`` from the batch's host copies of the indptrs, so attention adds no
+host sync to a step); then each layer calls
 ``forward_extend`` (prefill), ``forward_decode`` (T=1) or ``forward_verify`` (draft tree).
 
 Decode and verify take the absorbed query ``q`` [N, H, kv_lora_rank + qk_rope_head_dim] and
@@ -80,7 +81,7 @@ class AttentionBackend:
         r = self.kv_lora_rank
         out = torch.empty(n, h, v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
         rows_all = self.pool.layer(layer)
-        qo, kv = batch.qo_indptr.tolist(), batch.kv_indptr.tolist()
+        qo, kv = batch.qo_indptr_host.tolist(), batch.kv_indptr_host.tolist()  # host copies: no sync
         for b in range(batch.batch_size):
             slots = batch.kv_indices[kv[b] : kv[b + 1]].long()
             rows = rows_all[slots].to(q_nope.dtype)  # [L, r + rope]
@@ -143,8 +144,9 @@ class KernelBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self._planned = False
         if batch.mode in ("decode", "verify"):
+            # The host copies: plan() reads the lengths with .tolist(), a device sync on the device tensors.
             self.wrapper.plan(
-                batch.qo_indptr, batch.kv_indptr, self.num_heads, head_dim=self.pool.kv.shape[-1],
+                batch.qo_indptr_host, batch.kv_indptr_host, self.num_heads, head_dim=self.pool.kv.shape[-1],
                 v_head_dim=self.kv_lora_rank, dtype=self.pool.dtype,
             )
             self._planned = True

@@ -16,8 +16,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Protocol
 
-import torch
-
 from serving.engine.batch import build_batch
 from serving.engine.kv_pool import PoolExhausted
 from serving.engine.tree import MAX_DRAFT_TOKENS, DraftTree
@@ -95,8 +93,7 @@ class LayerSkipDrafter:
                     "decode",
                     [[c[-1]] for c in chains],
                     [[len(prefix[o]) + step] for o in owners],
-                    [torch.cat([prefix[o], torch.tensor([roots[o]] + branch_slots[i][: step - 1], dtype=torch.int32).to(model.device)])
-                     for i, o in enumerate(owners)],
+                    [(prefix[o], [roots[o]] + branch_slots[i][: step - 1]) for i, o in enumerate(owners)],  # packed by build_batch
                     [[branch_slots[i][step - 1]] for i in range(len(chains))],
                     None,
                     model.device,

@@ -32,7 +32,7 @@ from serving.engine.weights import load_weights
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, then scale."""
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    x32 = x32 * x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # in place on the fresh [.., 1] statistics
     return weight * x32.to(x.dtype)
 
 
@@ -95,17 +95,19 @@ class DeepseekV3Model:
             q = self._linear(x, p + "q_a_proj")
             q = self._linear(rms_norm(q, self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
         q = q.view(n, heads, nope + rope_dim)
-        q_nope, q_rope = q[..., :nope], self.rope.apply(q[..., nope:], batch.positions, rope_tables)
         latent = self._linear(x, p + "kv_a_proj_with_mqa")
+        # q's heads and the shared key as one [N, H + 1, rope] tensor: one rotation (elementwise, same values) instead of two.
+        roped = self.rope.apply(torch.cat([q[..., nope:], latent[:, None, r:]], dim=1), batch.positions, rope_tables)
+        q_nope, q_rope, k_rope = q[..., :nope], roped[:, :heads], roped[:, heads]
         c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
-        k_rope = self.rope.apply(latent[:, None, r:], batch.positions, rope_tables)[:, 0]
-        pool.layer(i)[batch.out_slots] = torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype)
+        pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))  # slots are distinct
         if batch.mode == "extend":
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
         else:
-            q_latent = torch.einsum("nhd,hdr->nhr", q_nope, self.w_uk[i])
+            # Per-head bmm over head-major views: the products einsum would run, without its host-side parsing.
+            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk[i]).transpose(0, 1)  # [N, H, r]
             latent_out = backend.forward_absorbed(torch.cat([q_latent, q_rope], dim=-1), i, batch)  # [N, H, r]
-            out = torch.einsum("nhr,hvr->nhv", latent_out, self.w_uv[i])
+            out = torch.bmm(latent_out.transpose(0, 1), self.w_uv[i].transpose(1, 2)).transpose(0, 1)  # [N, H, v]
         return self._linear(out.reshape(n, heads * cfg.v_head_dim), p + "o_proj")
 
     def _mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
@@ -158,7 +160,7 @@ class DeepseekV3Model:
         cfg = self.cfg
         backend.init_forward_metadata(batch)
         self.rope.ensure(batch.max_position + 1)
-        x = self.w["model.embed_tokens.weight"][batch.input_ids]
+        x = self.w["model.embed_tokens.weight"].index_select(0, batch.input_ids)
         rope_tables = self.rope.tables(batch.positions, x.dtype)
         for i in range(num_layers or cfg.num_hidden_layers):
             p = f"model.layers.{i}."

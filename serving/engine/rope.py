@@ -86,7 +86,7 @@ class RotaryEmbedding:
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: ``dtype`` [N, rope_dim // 2] for int64 positions [N] (gathered once per step)."""
-        return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
+        return self._cos.index_select(0, positions).to(dtype), self._sin.index_select(0, positions).to(dtype)
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Rotate ``x`` [N, ..., rope_dim]; positions must be covered by ``ensure`` (the model calls
