@@ -126,16 +126,22 @@ def test_backend_hopper_raises_without_a_hopper_gpu():
         MLAVerifyWrapper(CPU, backend="cuda")
 
 
-def test_triton_config_for_a_hopper_plan_is_the_triton_default():
-    """The Triton fallback over a Hopper plan keeps the decomposition and uses the Triton defaults."""
+def test_triton_config_for_a_hopper_plan_keeps_its_decomposition():
+    """The Triton fallback over a Hopper plan keeps the plan's block sizes and work split; for the
+    keys-as-M 16-row plan that is the Triton 16-row default, for the 64-row plan the Triton kernel
+    launched with 64-row blocks (no longer the portable default, which is spill-free at 32 rows)."""
     from kernel.mla_verify import triton_config_for
     from kernel.plan import default_tile_config
 
     dims = HeadDims.of(576, 512)
     for rows in (16, 128):
         cfg = hopper.tile_config(132, hopper.choose_variant(rows))
-        assert triton_config_for(cfg) == default_tile_config(rows, dims, 132, interpret=False)
+        fallback = triton_config_for(cfg)
+        assert not fallback.keys_as_m
+        assert (fallback.block_m, fallback.block_n, fallback.target_programs, fallback.min_chunk) == (
+            cfg.block_m, cfg.block_n, cfg.target_programs, cfg.min_chunk)
         assert hopper.variant_of(cfg) == hopper.choose_variant(rows)
+    assert triton_config_for(hopper.tile_config(132, hopper.choose_variant(16))) == default_tile_config(16, dims, 132, False)
 
 
 # ----------------------------------------------------------------------------------------------
