@@ -1,0 +1,107 @@
+"""Where the Hopper path's fixed cost goes: split kernel alone, combine alone, launch floors.
+
+For the dispatched variant of a few (H, T) shapes at several contexts (B=1, bf16, scattered
+int32 slots, causal), each captured in a CUDA graph and replayed (median of 50, a read-only
+256 MB pass before each replay, as the benchmark's ``fixed_cost.md`` rows are timed):
+
+- ``full_us``: split + combine (``run_split_and_combine``, what the wrapper launches);
+- ``split_us``: the split kernel alone (the same plan with its combine switched off);
+- ``combine_us``: the combine kernel alone, over the partials the split left;
+- ``empty_us`` / ``two_empty_us``: one and two dependent launches of an empty kernel (the floor
+  of a graph replay and of one more launch in stream order).
+
+Usage (sm_90): ``python -m phases.kernel.bench.hopper_fixed_cost [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel import hopper
+from kernel.validation import kv_rows
+from phases.kernel.bench.cases import Case, build_inputs
+from phases.kernel.bench.timing import event_us, graph_replay, l2_flushes
+
+SHAPES = ((16, 1), (8, 8), (16, 8))
+CONTEXTS = (4096, 16384, 65536, 131072)
+SM_SCALE = 192 ** -0.5
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    tl.store(x_ptr, 1)
+
+
+def _combine(plan, tensors, inputs, out, partial_o, partial_lse):
+    """The combine launch of ``hopper.run_split_and_combine``, alone."""
+    grid = (plan.num_row_blocks, plan.config.block_m, triton.cdiv(hopper.V_HEAD_DIM, hopper.COMBINE_COLS))
+    hopper._hopper_combine_kernel[grid](
+        out, partial_o, partial_lse,
+        tensors["counts"], inputs["qo_indptr"], tensors["mb_req"], tensors["mb_mblk"], tensors["mb_work_start"],
+        tensors["mb_nsplit"], tensors["mb_stride"], plan.num_heads, out.stride(0), out.stride(1),
+        DV=hopper.V_HEAD_DIM, BLOCK_M=plan.config.block_m, BLOCK_S=hopper.COMBINE_SPLITS,
+        BLOCK_C=hopper.COMBINE_COLS, USE_PDL=False, num_warps=4, launch_pdl=False,
+    )
+
+
+def measure(num_heads: int, num_draft: int, context: int, flush, sms: int) -> dict:
+    case = Case(num_heads=num_heads, draft_lens=(num_draft,), context_lens=(context,), tree=False,
+                sm_scale=SM_SCALE, seed=11)
+    inputs = build_inputs(case, torch.device("cuda"))
+    variant = hopper.choose_variant(num_heads * num_draft)
+    plan = hopper.make_plan([num_draft], [context], num_heads, sms, variant)
+    tensors = hopper.plan_tensors(plan, "cuda")
+    partial_o, partial_lse = hopper.allocate_workspace(plan.num_work, torch.device("cuda"), variant.block_m)
+    out = torch.empty(num_draft, num_heads, hopper.V_HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    kv = kv_rows(inputs["kv_cache"])
+
+    def launch(p):
+        return lambda: hopper.run_split_and_combine(
+            p, tensors, inputs["q"], kv, inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"], None,
+            SM_SCALE, out, partial_o, partial_lse, variant=variant)
+
+    full = graph_replay(launch(plan))
+    split = graph_replay(launch(dataclasses.replace(plan, needs_combine=False)))
+    row = {"shape": f"H={num_heads} T={num_draft}", "context": context, "variant": variant.describe(),
+           "work_items": plan.num_work, "tiles_per_item": -(-plan.chunk // hopper.BLOCK_N),
+           "full_us": event_us(full, flush), "split_us": event_us(split, flush)}
+    if plan.needs_combine:
+        split()
+        row["combine_us"] = event_us(graph_replay(lambda: _combine(plan, tensors, inputs, out, partial_o, partial_lse)), flush)
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda")
+    flush = l2_flushes(device)["read"]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    x = torch.zeros(1, dtype=torch.int32, device=device)
+    one = graph_replay(lambda: _empty_kernel[(1,)](x))
+    two = graph_replay(lambda: (_empty_kernel[(1,)](x), _empty_kernel[(1,)](x)))
+    floors = {"empty_us": event_us(one, flush), "two_empty_us": event_us(two, flush)}
+    rows = [measure(h, t, c, flush, sms) for h, t in SHAPES for c in CONTEXTS]
+    print(f"empty kernel, graph replay: {floors['empty_us']:.1f} µs; two dependent: {floors['two_empty_us']:.1f} µs")
+    print("| shape | context | variant | work items | tiles/item | full µs | split µs | combine µs | full - split |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        comb = r.get("combine_us")
+        print(f"| {r['shape']} | {r['context']} | {r['variant']} | {r['work_items']} | {r['tiles_per_item']} | "
+              f"{r['full_us']:.1f} | {r['split_us']:.1f} | {'-' if comb is None else f'{comb:.1f}'} | "
+              f"{r['full_us'] - r['split_us']:.1f} |")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "hopper_fixed_cost.json").write_text(json.dumps({"floors": floors, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
