@@ -60,8 +60,12 @@ STAGES = 2  # tiles in the shared ring (a third 72 KB stage does not fit next to
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 CONSUMER_WARPS = 8
-COMBINE_SPLITS = 32
-COMBINE_COLS = 128
+# The combine is latency-bound (H200, phases/kernel/NOTES.md: 15 µs alone for 128 splits of one
+# 16-row block with 32 splits x 128 columns per load): every split in one load, 32 columns per
+# program, so a row's merge is one round trip and 16x more programs share the reads.
+COMBINE_SPLITS = 256
+COMBINE_COLS = 32
+MIN_CHUNK = 128  # keys per split at least: two 64-key tiles, so a 16k context fills 128 SMs, not 64
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
     """The work decomposition ``variant`` consumes: ``block_m``-row blocks, ``BLOCK_N``-key tiles,
     about one program per SM."""
     return TileConfig(block_m=variant.block_m, block_n=BLOCK_N, num_warps=variant.num_warps,
-                      num_stages=STAGES, target_programs=num_sms, keys_as_m=variant.keys_as_m)
+                      num_stages=STAGES, target_programs=num_sms, min_chunk=MIN_CHUNK, keys_as_m=variant.keys_as_m)
 
 
 def variant_of(config: TileConfig) -> Variant:

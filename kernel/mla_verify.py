@@ -144,9 +144,9 @@ def triton_config_for(config: TileConfig) -> TileConfig:
     The dispatched Hopper tile configurations decompose the work as Triton configurations of the
     same block sizes do: the 64-row one is launched as the Triton kernel with 64-row blocks
     (BM64_BN64_w8_s2, which spills on sm_90: it only serves run()'s fallback for int64 indices or
-    strided rows over a Hopper plan); the keys-as-M 16-row one differs only in launch parameters,
-    replaced by the Triton 16-row default's (8 warps, 3 stages). Other configurations are
-    returned unchanged.
+    strided rows over a Hopper plan); the keys-as-M 16-row one differs from the Triton 16-row
+    default in launch parameters, replaced by the default's (8 warps, 3 stages), and keeps its
+    own ``min_chunk``. Other configurations are returned unchanged.
     """
     if not config.keys_as_m:
         return config
