@@ -60,11 +60,15 @@ STAGES = 2  # tiles in the shared ring (a third 72 KB stage does not fit next to
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 CONSUMER_WARPS = 8
-# The combine is latency-bound (H200, phases/kernel/NOTES.md: 15 µs alone for 128 splits of one
-# 16-row block with 32 splits x 128 columns per load): every split in one load, 32 columns per
-# program, so a row's merge is one round trip and 16x more programs share the reads.
-COMBINE_SPLITS = 256
-COMBINE_COLS = 32
+# Combine shapes (splits merged per load, output columns per program), both measured on an H200
+# (phases/kernel/NOTES.md): with many splits per row (B=1 memory-bound rows: ~128) the merge is
+# latency-bound, and taking every split in one load over 32 columns per program halves it
+# (15.4 -> 8.4 µs alone at 128 splits); with few splits and many row blocks (compute-bound and
+# batched rows) that shape launches 4x the programs for little work each and lost up to 2x, so
+# they keep 32 splits per load over 128 columns. CUDA-graph plans keep the latter (any nsplit).
+COMBINE_WIDE = (256, 32)
+COMBINE_NARROW = (32, 128)
+COMBINE_WIDE_MIN_SPLITS = 65  # a plan whose largest split count exceeds 64 takes the wide shape
 MIN_CHUNK = 128  # keys per split at least: two 64-key tiles, so a 16k context fills 128 SMs, not 64
 
 
@@ -191,6 +195,14 @@ def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK
             torch.empty((n, block_m), dtype=torch.float32, device=device))
 
 
+def combine_shape(plan: MLAVerifyPlan, fixed_grid: bool = False) -> tuple[int, int]:
+    """(splits merged per load, output columns per program) of the combine for ``plan``: the wide
+    shape when some row has more than 64 splits (and the grid is not a CUDA graph's), else narrow."""
+    if not fixed_grid and plan.max_nsplit >= COMBINE_WIDE_MIN_SPLITS:
+        return COMBINE_WIDE
+    return COMBINE_NARROW
+
+
 def _check_launch(plan, q, kv, kv_indices, out, partial_o, partial_lse, bm: int) -> None:
     if plan.needs_combine and (partial_o.numel() < plan.num_work * bm * V_HEAD_DIM
                                or partial_lse.numel() < plan.num_work * bm):  # unsplit items write out only
@@ -263,13 +275,14 @@ def run_split_and_combine(
         **_split_constexprs(variant),
     )
     if plan.needs_combine or fixed_grid:
-        grid = (layout.max_row_blocks, bm, triton.cdiv(V_HEAD_DIM, COMBINE_COLS))
+        splits, cols = combine_shape(plan, fixed_grid)
+        grid = (layout.max_row_blocks, bm, triton.cdiv(V_HEAD_DIM, cols))
         _hopper_combine_kernel[grid](
             out, partial_o, partial_lse,
             plan_tensors["counts"], qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
             plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
             plan.num_heads, out.stride(0), out.stride(1),
-            DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=COMBINE_SPLITS, BLOCK_C=COMBINE_COLS, USE_PDL=use_pdl,
+            DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=splits, BLOCK_C=cols, USE_PDL=use_pdl,
             num_warps=4, launch_pdl=use_pdl,
         )
 

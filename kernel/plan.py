@@ -123,6 +123,7 @@ class MLAVerifyPlan:
     mask_offsets: np.ndarray = field(default_factory=lambda: _EMPTY)
     chunk: int = 0
     needs_combine: bool = False  # some row block has more than one split
+    max_nsplit: int = 0  # the most splits of any row block
 
     @property
     def num_work(self) -> int:
@@ -280,5 +281,7 @@ def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: Head
     plan.mb_work_start = first[:-1][mb_req] + mb_mblk
     plan.mb_nsplit = nsplit[mb_req]
     plan.mb_stride = mblocks[mb_req]  # split s of this M-block is work item mb_work_start + s * mb_stride
-    plan.needs_combine = bool((nsplit[mblocks > 0] > 1).any())
+    nonempty = nsplit[mblocks > 0]
+    plan.needs_combine = bool((nonempty > 1).any())
+    plan.max_nsplit = int(nonempty.max()) if len(nonempty) else 0
     return plan

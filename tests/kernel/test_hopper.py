@@ -275,3 +275,14 @@ def test_auto_dispatches_hopper_and_falls_back_for_int64_indices():
     fp16 = MLAVerifyWrapper(q.device)
     fp16.plan(qo_indptr, kv_indptr, 16, dtype=torch.float16)
     assert fp16.path == "triton"
+
+
+def test_combine_shape_is_wide_only_for_many_splits_outside_graphs():
+    """Each combine shape where it measured faster (NOTES): B=1 rows with ~128 splits take every
+    split in one load; compute-bound and batched plans (few splits) and graph plans keep the narrow one."""
+    assert hopper.combine_shape(hopper.make_plan([1], [65536], 16, 132)) == hopper.COMBINE_WIDE
+    assert hopper.combine_shape(hopper.make_plan([8], [65536], 8, 132)) == hopper.COMBINE_WIDE
+    assert hopper.combine_shape(hopper.make_plan([8], [65536], 16, 132)) == hopper.COMBINE_NARROW  # 2 blocks x 64 splits
+    assert hopper.combine_shape(hopper.make_plan([8], [65536], 128, 132)) == hopper.COMBINE_NARROW
+    assert hopper.combine_shape(hopper.make_plan([1] * 64, [4096] * 64, 128, 132)) == hopper.COMBINE_NARROW
+    assert hopper.combine_shape(hopper.make_plan([1], [65536], 16, 132), fixed_grid=True) == hopper.COMBINE_NARROW

@@ -79,6 +79,8 @@ def test_vectorized_plan_equals_the_loop_definition(batch):
     assert list(zip(*(a.tolist() for a in (plan.mb_req, plan.mb_mblk, plan.mb_work_start, plan.mb_nsplit,
                                            plan.mb_stride)))) == rows
     assert plan.mask_offsets.tolist() == masks
+    assert plan.max_nsplit == max((r[3] for r in rows), default=0)
+    assert plan.needs_combine == any(r[3] > 1 for r in rows)
 
 
 def test_layout_pack_writes_every_array_at_its_offset_and_zeros_the_rest():

@@ -41,13 +41,14 @@ def _empty_kernel(x_ptr):
 
 def _combine(plan, tensors, inputs, out, partial_o, partial_lse):
     """The combine launch of ``hopper.run_split_and_combine``, alone."""
-    grid = (plan.num_row_blocks, plan.config.block_m, triton.cdiv(hopper.V_HEAD_DIM, hopper.COMBINE_COLS))
+    splits, cols = hopper.combine_shape(plan)
+    grid = (plan.num_row_blocks, plan.config.block_m, triton.cdiv(hopper.V_HEAD_DIM, cols))
     hopper._hopper_combine_kernel[grid](
         out, partial_o, partial_lse,
         tensors["counts"], inputs["qo_indptr"], tensors["mb_req"], tensors["mb_mblk"], tensors["mb_work_start"],
         tensors["mb_nsplit"], tensors["mb_stride"], plan.num_heads, out.stride(0), out.stride(1),
-        DV=hopper.V_HEAD_DIM, BLOCK_M=plan.config.block_m, BLOCK_S=hopper.COMBINE_SPLITS,
-        BLOCK_C=hopper.COMBINE_COLS, USE_PDL=False, num_warps=4, launch_pdl=False,
+        DV=hopper.V_HEAD_DIM, BLOCK_M=plan.config.block_m, BLOCK_S=splits,
+        BLOCK_C=cols, USE_PDL=False, num_warps=4, launch_pdl=False,
     )
 
 
