@@ -286,3 +286,36 @@ def test_combine_shape_is_wide_only_for_many_splits_outside_graphs():
     assert hopper.combine_shape(hopper.make_plan([8], [65536], 128, 132)) == hopper.COMBINE_NARROW
     assert hopper.combine_shape(hopper.make_plan([1] * 64, [4096] * 64, 128, 132)) == hopper.COMBINE_NARROW
     assert hopper.combine_shape(hopper.make_plan([1], [65536], 16, 132), fixed_grid=True) == hopper.COMBINE_NARROW
+
+
+@pytest.mark.parametrize("draft,context,heads", [(1, 65536, 16), (8, 65536, 16), (1, 3000, 16)])
+def test_hopper_combine_merges_random_partials_in_both_shapes(draft, context, heads):
+    """The Hopper path's combine (plain Triton: it runs in the CPU interpreter) against a float64
+    merge of random partials, in the shape ``combine_shape`` picks for the plan (wide for 128
+    splits of one row block, narrow for two row blocks of 64 splits) and in the other one."""
+    from phases.kernel.bench.hopper_fixed_cost import _combine
+
+    plan = hopper.make_plan([draft], [context], heads, 132)
+    assert plan.needs_combine
+    gen = torch.Generator().manual_seed(context + draft)
+    bm = plan.config.block_m
+    partial_o = torch.randn(plan.num_work, bm, 512, generator=gen)
+    partial_lse = torch.randn(plan.num_work, bm, generator=gen) * 4
+    tensors = hopper.plan_tensors(plan, "cpu")
+    inputs = {"qo_indptr": torch.tensor([0, draft], dtype=torch.int32)}
+    want = torch.zeros(draft * heads, 512, dtype=torch.float64)
+    for i in range(plan.num_row_blocks):
+        w = plan.mb_work_start[i] + plan.mb_stride[i] * torch.arange(int(plan.mb_nsplit[i]))
+        rows = plan.mb_mblk[i] * bm + torch.arange(bm)
+        real = rows < draft * heads
+        weight = torch.softmax(partial_lse[w].double() * math.log(2), dim=0)  # exp2 weights, normalized
+        merged = (weight[:, :, None] * partial_o[w].double()).sum(0)
+        want[rows[real]] = merged[real]
+    for shape in (hopper.combine_shape(plan), hopper.COMBINE_WIDE, hopper.COMBINE_NARROW):
+        out = torch.full((draft, heads, 512), float("nan"), dtype=torch.bfloat16)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(hopper, "combine_shape", lambda p, fixed_grid=False, s=shape: s)
+            _combine(plan, tensors, inputs, out, partial_o.reshape(-1), partial_lse.reshape(-1))
+        got = out.reshape(draft * heads, 512).double()
+        assert not torch.isnan(got).any()
+        assert ((got - want).abs().max() / want.abs().max()).item() < 1e-2, shape
