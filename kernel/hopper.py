@@ -25,8 +25,8 @@ Two split kernels, both warp-specialized around the same producer:
 This module is the host side: ``available``, ``supported``, ``choose_variant``, ``make_plan``,
 ``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``;
 ``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
-and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``, the split merge in
-``kernel/hopper_combine.py``. Measurements and every variant tried: phases/kernel/NOTES.md, "Hopper path".
+and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``; the split merge is the Triton
+path's combine kernel (``kernel.triton_kernels.launch_combine``). Measurements and every variant tried: phases/kernel/NOTES.md, "Hopper path".
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernel.hopper_combine import _hopper_combine_kernel
 from kernel.plan import HeadDims, MLAVerifyPlan, PlanLayout, TileConfig, plan_work
+from kernel.triton_kernels import launch_combine
 
 try:  # Gluon ships with Triton >= 3.5; keep this module importable without it.
     from kernel.hopper_gluon import _mla_verify_hopper_keys_as_m_kernel, _mla_verify_hopper_split_kernel
@@ -226,7 +226,6 @@ def run_split_and_combine(
     out: torch.Tensor,
     partial_o: torch.Tensor,
     partial_lse: torch.Tensor,
-    use_pdl: bool = False,
     variant: Variant | None = None,
     layout: PlanLayout | None = None,
     checked: bool = False,
@@ -242,10 +241,6 @@ def run_split_and_combine(
     [sum T_b^2] or None (causal); out: [N, H, 512] (written only at real rows);
     partial_o / partial_lse: from ``allocate_workspace`` with at least ``plan.num_work`` items.
     variant: the one ``plan`` was made for (None: ``choose_variant``, as ``make_plan`` does).
-    use_pdl: launch the combine with programmatic dependent launch (no early trigger: it launches
-    as the split programs exit, then waits with ``griddepcontrol.wait``). Off by default; a hook
-    for the next PDL measurement in phases/kernel/NOTES.md ("What is left"). The early trigger
-    (split programs releasing the combine at their start) lost 7-18 µs at B=1 on an H200.
     checked: the caller (``MLAVerifyWrapper.run``) already validated the inputs and the partials
     against this plan, so the per-call checks are skipped (host cost).
     Launches only device work (no host sync), so it can be captured in a CUDA graph.
@@ -275,16 +270,8 @@ def run_split_and_combine(
         **_split_constexprs(variant),
     )
     if plan.needs_combine or fixed_grid:
-        splits, cols = combine_shape(plan, fixed_grid)
-        grid = (layout.max_row_blocks, bm, triton.cdiv(V_HEAD_DIM, cols))
-        _hopper_combine_kernel[grid](
-            out, partial_o, partial_lse,
-            plan_tensors["counts"], qo_indptr, plan_tensors["mb_req"], plan_tensors["mb_mblk"], plan_tensors["mb_work_start"],
-            plan_tensors["mb_nsplit"], plan_tensors["mb_stride"],
-            plan.num_heads, out.stride(0), out.stride(1),
-            DV=V_HEAD_DIM, BLOCK_M=bm, BLOCK_S=splits, BLOCK_C=cols, USE_PDL=use_pdl,
-            num_warps=4, launch_pdl=use_pdl,
-        )
+        launch_combine(out, partial_o, partial_lse, plan_tensors, qo_indptr, plan.num_heads, layout.max_row_blocks, bm,
+                       V_HEAD_DIM, *combine_shape(plan, fixed_grid))
 
 
 def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):

@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from kernel.plan import (
     HeadDims,
@@ -30,7 +29,7 @@ from kernel.plan import (
 )
 from kernel import hopper
 from kernel.staging import upload_plan
-from kernel.triton_kernels import _mla_verify_combine_kernel, _mla_verify_split_kernel
+from kernel.triton_kernels import _mla_verify_split_kernel, launch_combine
 from kernel.validation import check_dims, check_inputs, check_lengths, check_planned_inputs, check_sizes, kv_rows
 
 LOG2E = 1.4426950408889634
@@ -195,16 +194,8 @@ def run_plan(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if combine and (plan.needs_combine or fixed_grid):
-        cols = min(COMBINE_COLS, dims.block_dv)
-        grid = (layout.max_row_blocks, cfg.block_m, triton.cdiv(dims.v_head_dim, cols))
-        _mla_verify_combine_kernel[grid](
-            out, workspace.partial_o, workspace.partial_lse,
-            meta["counts"], meta["qo_indptr"], meta["mb_req"], meta["mb_mblk"], meta["mb_work_start"],
-            meta["mb_nsplit"], meta["mb_stride"],
-            plan.num_heads, out.stride(0), out.stride(1),
-            DV=dims.v_head_dim, PARTIAL_DV=dims.block_dv, BLOCK_M=cfg.block_m,
-            BLOCK_S=COMBINE_SPLITS, BLOCK_C=cols, num_warps=4,
-        )
+        launch_combine(out, workspace.partial_o, workspace.partial_lse, meta, meta["qo_indptr"], plan.num_heads,
+                       layout.max_row_blocks, cfg.block_m, dims.block_dv, COMBINE_SPLITS, min(COMBINE_COLS, dims.block_dv))
     return compiled
 
 

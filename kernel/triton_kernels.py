@@ -241,3 +241,22 @@ def _mla_verify_combine_kernel(
         h_idx = row % num_heads
         o_ptr = OUT + (qo_start + t_idx).to(tl.int64) * stride_on + h_idx * stride_oh + offs_c
         tl.store(o_ptr, (acc / total).to(OUT.dtype.element_ty), mask=offs_c < DV)
+
+
+def launch_combine(
+    out, partial_o, partial_lse, meta: dict, qo_indptr, num_heads: int, row_blocks: int, block_m: int,
+    partial_dv: int, splits: int, cols: int,
+) -> None:
+    """Merge split partials into ``out`` [N, H, DV]: ``_mla_verify_combine_kernel`` over ``row_blocks``
+    row blocks (``>= COUNTS[1]``: the extra programs exit), ``splits`` splits per load, ``cols`` output
+    columns per program. Both kernel paths use it. meta: ``PlanLayout.views`` of the uploaded plan
+    (``counts``, ``mb_*``); qo_indptr: int32 [B+1] on the device; partial_o: fp32
+    [num_work, block_m, partial_dv]; partial_lse: fp32 [num_work, block_m]."""
+    dv = out.shape[-1]
+    _mla_verify_combine_kernel[(row_blocks, block_m, triton.cdiv(dv, cols))](
+        out, partial_o, partial_lse,
+        meta["counts"], qo_indptr, meta["mb_req"], meta["mb_mblk"], meta["mb_work_start"],
+        meta["mb_nsplit"], meta["mb_stride"],
+        num_heads, out.stride(0), out.stride(1),
+        DV=dv, PARTIAL_DV=partial_dv, BLOCK_M=block_m, BLOCK_S=splits, BLOCK_C=cols, num_warps=4,
+    )

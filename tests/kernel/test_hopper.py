@@ -191,19 +191,23 @@ def test_matches_float64_reference(draft_lens, kv_lens, num_heads, tree, variant
     plan = hopper.make_plan(draft_lens, kv_lens, num_heads, sms, variant)
     tensors = hopper.plan_tensors(plan, q.device)
     partial_o, partial_lse = hopper.allocate_workspace(plan.num_work, q.device)
-    n, h = q.shape[0], num_heads
-    guarded = torch.full(((n + 2) * h * 512,), float("nan"), dtype=torch.bfloat16, device=q.device)
-    out = guarded[h * 512 : (n + 1) * h * 512].view(n, h, 512)
+    _check_guarded_twice(
+        lambda out: hopper.run_split_and_combine(plan, tensors, q, kv, qo_indptr, kv_indptr, kv_indices, flat, scale,
+                                                 out, partial_o, partial_lse, variant=variant),
+        q.shape[0], num_heads, reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512),
+    )
 
-    hopper.run_split_and_combine(plan, tensors, q, kv, qo_indptr, kv_indptr, kv_indices, flat, scale, out,
-                                 partial_o, partial_lse, variant=variant)
+
+def _check_guarded_twice(call, n: int, h: int, ref: torch.Tensor) -> None:
+    """``call(out)`` into a NaN-poisoned out [n, h, 512] inside a NaN buffer, twice: every element
+    written, nothing outside out, identical bits, within 1e-2 of ``ref`` (float64)."""
+    guarded = torch.full(((n + 2) * h * 512,), float("nan"), dtype=torch.bfloat16, device=ref.device)
+    out = guarded[h * 512 : (n + 1) * h * 512].view(n, h, 512)
+    call(out)
     first = out.clone()
     out.fill_(float("nan"))
-    hopper.run_split_and_combine(plan, tensors, q, kv, qo_indptr, kv_indptr, kv_indices, flat, scale, out,
-                                 partial_o, partial_lse, variant=variant)
+    call(out)
     torch.cuda.synchronize()
-
-    ref = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512)
     assert not torch.isnan(out).any(), "rows left unwritten"
     assert torch.isnan(guarded[: h * 512]).all() and torch.isnan(guarded[(n + 1) * h * 512 :]).all(), "wrote outside out"
     assert torch.equal(first, out), "not deterministic"
@@ -235,21 +239,9 @@ def test_wrapper_backends_match_float64_reference(draft_lens, kv_lens, num_heads
     wrapper = MLAVerifyWrapper(q.device, backend=backend)
     wrapper.plan(qo_indptr, kv_indptr, num_heads)
     assert wrapper.path == backend
-    n, h = q.shape[0], num_heads
-    guarded = torch.full(((n + 2) * h * 512,), float("nan"), dtype=torch.bfloat16, device=q.device)
-    out = guarded[h * 512 : (n + 1) * h * 512].view(n, h, 512)
-    wrapper.run(q, kv, kv_indices, flat, scale, out)
-    first = out.clone()
-    out.fill_(float("nan"))
-    wrapper.run(q, kv, kv_indices, flat, scale, out)
-    torch.cuda.synchronize()
+    _check_guarded_twice(lambda out: wrapper.run(q, kv, kv_indices, flat, scale, out), q.shape[0], num_heads,
+                         reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512))
     assert wrapper.last_path == backend
-    ref = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512)
-    assert not torch.isnan(out).any(), "rows left unwritten"
-    assert torch.isnan(guarded[: h * 512]).all() and torch.isnan(guarded[(n + 1) * h * 512 :]).all(), "wrote outside out"
-    assert torch.equal(first, out), "not deterministic"
-    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-    assert err < 1e-2, err
 
 
 @pytest.mark.gpu
@@ -290,10 +282,10 @@ def test_combine_shape_is_wide_only_for_many_splits_outside_graphs():
 
 @pytest.mark.parametrize("draft,context,heads", [(1, 65536, 16), (8, 65536, 16), (1, 3000, 16)])
 def test_hopper_combine_merges_random_partials_in_both_shapes(draft, context, heads):
-    """The Hopper path's combine (plain Triton: it runs in the CPU interpreter) against a float64
-    merge of random partials, in the shape ``combine_shape`` picks for the plan (wide for 128
-    splits of one row block, narrow for two row blocks of 64 splits) and in the other one."""
-    from phases.kernel.bench.hopper_fixed_cost import _combine
+    """The combine over a Hopper plan's partials (plain Triton: it runs in the CPU interpreter)
+    against a float64 merge of random partials, in both shapes ``combine_shape`` chooses from
+    (wide for 128 splits of one row block, narrow for two row blocks of 64 splits)."""
+    from kernel.triton_kernels import launch_combine
 
     plan = hopper.make_plan([draft], [context], heads, 132)
     assert plan.needs_combine
@@ -302,7 +294,7 @@ def test_hopper_combine_merges_random_partials_in_both_shapes(draft, context, he
     partial_o = torch.randn(plan.num_work, bm, 512, generator=gen)
     partial_lse = torch.randn(plan.num_work, bm, generator=gen) * 4
     tensors = hopper.plan_tensors(plan, "cpu")
-    inputs = {"qo_indptr": torch.tensor([0, draft], dtype=torch.int32)}
+    qo_indptr = torch.tensor([0, draft], dtype=torch.int32)
     want = torch.zeros(draft * heads, 512, dtype=torch.float64)
     for i in range(plan.num_row_blocks):
         w = plan.mb_work_start[i] + plan.mb_stride[i] * torch.arange(int(plan.mb_nsplit[i]))
@@ -311,11 +303,10 @@ def test_hopper_combine_merges_random_partials_in_both_shapes(draft, context, he
         weight = torch.softmax(partial_lse[w].double() * math.log(2), dim=0)  # exp2 weights, normalized
         merged = (weight[:, :, None] * partial_o[w].double()).sum(0)
         want[rows[real]] = merged[real]
-    for shape in (hopper.combine_shape(plan), hopper.COMBINE_WIDE, hopper.COMBINE_NARROW):
+    for shape in (hopper.COMBINE_WIDE, hopper.COMBINE_NARROW):
         out = torch.full((draft, heads, 512), float("nan"), dtype=torch.bfloat16)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(hopper, "combine_shape", lambda p, fixed_grid=False, s=shape: s)
-            _combine(plan, tensors, inputs, out, partial_o.reshape(-1), partial_lse.reshape(-1))
+        launch_combine(out, partial_o.reshape(-1), partial_lse.reshape(-1), tensors, qo_indptr, heads,
+                       plan.num_row_blocks, bm, 512, *shape)
         got = out.reshape(draft * heads, 512).double()
         assert not torch.isnan(got).any()
         assert ((got - want).abs().max() / want.abs().max()).item() < 1e-2, shape

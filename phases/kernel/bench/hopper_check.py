@@ -172,10 +172,6 @@ def stage_bench(names):
             tensors = hopper.plan_tensors(plan, device)
             partials = hopper.allocate_workspace(plan.num_work, device, v.block_m)
             r = {"us": bench(lambda: _launch(plan, tensors, inputs, out, partials, v), flush), "work": plan.num_work}
-            if plan.needs_combine:
-                # PDL without an early trigger (the early trigger, recorded as pdl_us, lost: NOTES.md).
-                r["pdl_late_us"] = bench(lambda: _launch(plan, tensors, inputs, out, partials, v, use_pdl=True), flush)
-                _launch(plan, tensors, inputs, out, partials, v)  # leave the plain result in out
         torch.cuda.synchronize()
         if which != "triton" and os.path.exists(ref_path):
             o2 = torch.load(ref_path).cuda().float()

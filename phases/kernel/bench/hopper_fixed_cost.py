@@ -25,31 +25,19 @@ import triton
 import triton.language as tl
 
 from kernel import hopper
+from kernel.triton_kernels import launch_combine
 from kernel.validation import kv_rows
-from phases.kernel.bench.cases import Case, build_inputs
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 from phases.kernel.bench.timing import event_us, graph_replay, l2_flushes
 
 SHAPES = ((16, 1), (8, 8), (16, 8))
 CONTEXTS = (4096, 16384, 65536, 131072)
-SM_SCALE = 192 ** -0.5
+SM_SCALE = PRODUCTION_SM_SCALE
 
 
 @triton.jit
 def _empty_kernel(x_ptr):
     tl.store(x_ptr, 1)
-
-
-def _combine(plan, tensors, inputs, out, partial_o, partial_lse):
-    """The combine launch of ``hopper.run_split_and_combine``, alone."""
-    splits, cols = hopper.combine_shape(plan)
-    grid = (plan.num_row_blocks, plan.config.block_m, triton.cdiv(hopper.V_HEAD_DIM, cols))
-    hopper._hopper_combine_kernel[grid](
-        out, partial_o, partial_lse,
-        tensors["counts"], inputs["qo_indptr"], tensors["mb_req"], tensors["mb_mblk"], tensors["mb_work_start"],
-        tensors["mb_nsplit"], tensors["mb_stride"], plan.num_heads, out.stride(0), out.stride(1),
-        DV=hopper.V_HEAD_DIM, BLOCK_M=plan.config.block_m, BLOCK_S=splits,
-        BLOCK_C=cols, USE_PDL=False, num_warps=4, launch_pdl=False,
-    )
 
 
 def measure(num_heads: int, num_draft: int, context: int, flush, sms: int) -> dict:
@@ -75,7 +63,9 @@ def measure(num_heads: int, num_draft: int, context: int, flush, sms: int) -> di
            "full_us": event_us(full, flush), "split_us": event_us(split, flush)}
     if plan.needs_combine:
         split()
-        row["combine_us"] = event_us(graph_replay(lambda: _combine(plan, tensors, inputs, out, partial_o, partial_lse)), flush)
+        combine = lambda: launch_combine(out, partial_o, partial_lse, tensors, inputs["qo_indptr"], num_heads,  # noqa: E731
+                                         plan.num_row_blocks, variant.block_m, hopper.V_HEAD_DIM, *hopper.combine_shape(plan))
+        row["combine_us"] = event_us(graph_replay(combine), flush)
     return row
 
 
