@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phases.kernel.bench.shapes import HEAD_DIM
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -34,7 +36,7 @@ def fit_fixed_cost(rows) -> list[Fit]:
     for (heads, draft), group in sorted(groups.items()):
         if len(group) < 3:
             continue
-        xs = [r.total_kv * 576 * 2 for r in group]  # KV bytes, the part that grows with context
+        xs = [r.total_kv * HEAD_DIM * 2 for r in group]  # bf16 KV bytes, the part that grows with context
         ys = [r.time_us for r in group]
         n = len(xs)
         mx, my = sum(xs) / n, sum(ys) / n

@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from kernel import MLAVerifyWrapper, mla_verify_attention
-from phases.kernel.bench.cases import Case, build_inputs
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 from phases.kernel.bench.timing import graph_replay
 
 SHAPES = ((16, 1, 16384, False), (16, 1, 65536, False), (128, 1, 16384, False), (16, 8, 16384, True))
-SM_SCALE = 192 ** -0.5
+SM_SCALE = PRODUCTION_SM_SCALE
 
 
 def per_call_us(fn, reps: int = 200) -> float:
