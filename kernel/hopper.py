@@ -95,6 +95,9 @@ KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys a
 # The variants the path uses, in the order phases/kernel/bench/hopper_check.py times them. Every
 # variant measured (the losers included) is in phases/kernel/NOTES.md, "Hopper path".
 VARIANTS = (DEFAULT_VARIANT, KEYS_AS_M_VARIANT)
+# Variants under measurement, timed next to VARIANTS by hopper_check ($VARIANTS names them); empty
+# between experiments: a variant that lost leaves the source and its numbers stay in the notes.
+CANDIDATES: tuple[Variant, ...] = ()
 
 
 def choose_variant(max_rows: int) -> Variant:

@@ -3,7 +3,8 @@ variant, then timings of every variant, the Triton path and the dispatched wrapp
 
     OUT=dir python -m phases.kernel.bench.hopper_check
 
-Every variant in ``kernel.hopper.VARIANTS`` (or $VARIANTS, comma-separated) is checked on seeded
+Every variant in ``kernel.hopper.VARIANTS`` (or those of VARIANTS and CANDIDATES that $VARIANTS
+names, comma-separated) is checked on seeded
 inputs from ``phases.kernel.bench.cases`` (NaN-poisoned, guarded ``out``; float64 reference; a
 second call must be bitwise equal); then the variants that passed are timed next to
 ``MLAVerifyWrapper(backend="triton")`` and the default ``MLAVerifyWrapper()`` (the dispatched
@@ -11,7 +12,8 @@ path, recorded as ``path``), with the bench's timing harness (``timing.graph_rep
 ``timing.event_us``: CUDA-graph replay, median of 40, a read-only 256 MB pass before each
 replay) and fractions of the same-run ceilings (``roofline``). A table is printed last. Each
 stage runs in its own process with a timeout (total $BUDGET_S), so a hang is reported, not
-fatal. Per-stage JSON goes to $OUT. Results and method: phases/kernel/NOTES.md, "Hopper path".
+fatal. With $CEILINGS_ONLY set the Triton path and the wrapper are not timed (the ceilings still
+are): an A/B of variants within one device call. Per-stage JSON goes to $OUT. Results and method: phases/kernel/NOTES.md, "Hopper path".
 """
 
 from __future__ import annotations
@@ -44,11 +46,21 @@ def make_case(draft_lens, kv_lens, num_heads, tree, seed, pool_factor=1.0):
     return build_inputs(case, torch.device("cuda"), pool_factor=pool_factor)
 
 
+def all_variants():
+    """The variants the path uses, then the candidates under measurement."""
+    from kernel import hopper
+
+    return (*hopper.VARIANTS, *hopper.CANDIDATES)
+
+
 def variants():
+    """The variants $VARIANTS names (default: the ones the path uses)."""
     from kernel import hopper
 
     names = os.environ.get("VARIANTS")
-    return [v for v in hopper.VARIANTS if names is None or v.describe() in names.split(",")]
+    if names is None:
+        return list(hopper.VARIANTS)
+    return [v for v in all_variants() if v.describe() in names.split(",")]
 
 
 CASES = [
@@ -77,7 +89,7 @@ def stage_correct(names):
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     refs = {}
-    for v in [v for v in hopper.VARIANTS if v.describe() in names]:
+    for v in [v for v in all_variants() if v.describe() in names]:
         ok_v = True
         for i, (T, L, H, tree) in enumerate(CASES):
             if v.keys_as_m and max(T) * H > 64 * v.block_m:
@@ -153,8 +165,10 @@ def stage_bench(names):
         res["bw"], res["peak"] = ceilings.copy_bw_bytes_per_s, ceilings.bf16_flops_per_s
         log(f"copy {res['bw'] / 1e12:.2f} TB/s  mm {res['peak'] / 1e12:.0f} TFLOP/s")
     elif which not in WRAPPER_STAGES:
-        v = [v for v in hopper.VARIANTS if v.describe() == which][0]
+        v = [v for v in all_variants() if v.describe() == which][0]
     for i, (T, L, H, tree) in enumerate(SHAPES):
+        if which == "triton" and os.environ.get("CEILINGS_ONLY"):
+            break
         inputs = make_case(T, L, H, tree, seed=7 + i)
         q = inputs["q"]
         out = torch.empty(q.shape[0], H, 512, dtype=torch.bfloat16, device="cuda")
@@ -203,14 +217,12 @@ def table(names):
     for T, L, H, tree in SHAPES:
         name = shape_name(T, L, H)
         roof = roofline_time(mla_verify_bytes(L, T, H), mla_verify_flops(L, T, H), ceilings) * 1e6
-        if name not in base:
-            continue
-        t = base[name]["us"]
+        triton_cell = f"{base[name]['us']:.1f} ({roof / base[name]['us']:.2f})" if name in base else "-"
         cells = " | ".join(
             f"{g[name]['us']:.1f} ({roof / g[name]['us']:.2f})" + (f" {g[name]['path']}" if "path" in g[name] else "")
             if name in g else "-" for g in got.values()
         )
-        log(f"| {name} | {roof:.1f} | {t:.1f} ({roof / t:.2f}) | {cells} |")
+        log(f"| {name} | {roof:.1f} | {triton_cell} | {cells} |")
 
 
 def main() -> int:
@@ -244,7 +256,8 @@ def main() -> int:
                 if json.load(f)["correct"]:
                     passed.append(n)
     stage(["bench", "triton"], int(os.environ.get("T_TRITON", 90)))
-    stage(["bench", "auto"], int(os.environ.get("T_TRITON", 90)))
+    if not os.environ.get("CEILINGS_ONLY"):
+        stage(["bench", "auto"], int(os.environ.get("T_TRITON", 90)))
     for n in passed:
         stage(["bench", n], int(os.environ.get("T_VARIANT", 45)))
     if os.path.exists(os.path.join(OUT, "bench_triton.json")):
