@@ -76,7 +76,9 @@ def _mask_scores(sc, start, kv_end, prefix_len, num_draft, t_idx, row_ok, TREE_M
 @gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, kv_end, full_end, prefix_len, num_draft, t_idx, row_ok, TREE_MASK,
                   mask_offset, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Online-softmax step for one score tile (log2 domain): returns P, new max, new sum, rescale."""
+    """Online-softmax step for one score tile (log2 domain): returns P, new max, new sums, rescale.
+    The sums are kept per score element (l_i: [BLOCK_M, BLOCK_N]) and reduced once per work item:
+    a row sum per tile would be a second cross-warpgroup reduction (shared memory and barriers)."""
     sc = sc * qk_scale
     if start + BLOCK_N > full_end:
         sc = _mask_scores(sc, start, kv_end, prefix_len, num_draft, t_idx, row_ok, TREE_MASK, mask_offset,
@@ -85,7 +87,7 @@ def _softmax_tile(sc, m_i, l_i, start, kv_end, full_end, prefix_len, num_draft, 
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
     p = gl.exp2(sc - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 1)
+    l_i = l_i * alpha[:, None] + p
     return p, m_new, l_i, alpha
 
 @gluon.jit
@@ -147,7 +149,7 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
     acc = gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=srow)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=srow)
+    l_i = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # row sums per score column
     n_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
     for i in range(n_tiles):
         s = i % STAGES
@@ -171,6 +173,7 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
         gl.thread_barrier()  # every warp is done with this slot and with P
         mbarrier.arrive(empty.index(s), count=1)
 
+    l_i = gl.sum(l_i, 1)
     l_o = gl.convert_layout(l_i, orow)
     l_safe = gl.where(l_o == 0.0, 1.0, l_o)
     o_val = acc / l_safe[:, None]
@@ -262,7 +265,7 @@ def _consumer_keys_as_m(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV
     acc = gl.zeros([DV, BLOCK_M], gl.float32, layout=ot_layout)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=scol)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=scol)
+    l_i = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)  # sums per score element, as above
     n_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
     for i in range(n_tiles):
         s = i % STAGES
@@ -291,7 +294,7 @@ def _consumer_keys_as_m(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         pt = gl.exp2(st - m_safe[None, :])
         alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(pt, 0)
+        l_i = l_i * alpha[None, :] + pt
         m_i = m_new
         p_smem.store(pt.to(gl.bfloat16))
         fence_async_shared()
@@ -302,6 +305,7 @@ def _consumer_keys_as_m(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV
         gl.thread_barrier()
         mbarrier.arrive(empty.index(s), count=1)
 
+    l_i = gl.sum(l_i, 0)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     o_val = acc / l_safe[None, :]
     o_rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=scol)
