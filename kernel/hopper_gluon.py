@@ -190,6 +190,24 @@ def _consumer(Q, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, M
         gl.store(PARTIAL_LSE + w.to(gl.int64) * BLOCK_M + gl.arange(0, BLOCK_M, layout=srow), lse)
 
 @gluon.jit
+def _shared_ring(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
+                 STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr):
+    """Both split kernels' shared memory but P: the Q block (main and rope parts), the ring of
+    ``STAGES`` KV tiles, and its "full" (one arrival per producer thread) and "empty" mbarriers."""
+    big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
+    q_tail = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_TAIL], big)
+    kmain = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_MAIN], big)
+    ktail = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_TAIL], big)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(full.index(s), count=PRODUCER_WARPS * 32)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    return q_main, q_tail, kmain, ktail, full, empty
+
+@gluon.jit
 def _mla_verify_hopper_split_kernel(
     Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE,
     COUNTS, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
@@ -207,19 +225,9 @@ def _mla_verify_hopper_split_kernel(
     if gl.program_id(0) >= gl.load(COUNTS):
         return
     HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
-    big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
-    q_tail = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_TAIL], big)
-    kmain = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_MAIN], big)
-    ktail = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_TAIL], big)
+    q_main, q_tail, kmain, ktail, full, empty = _shared_ring(BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, STAGES, PRODUCER_WARPS)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], p_layout)
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(full.index(s), count=PRODUCER_WARPS * 32)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
 
     gl.warp_specialize(
         [
@@ -337,19 +345,9 @@ def _mla_verify_hopper_keys_as_m_kernel(
     if gl.program_id(0) >= gl.load(COUNTS):
         return
     HEAD_DIM: gl.constexpr = D_MAIN + D_TAIL
-    big: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    q_main = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_MAIN], big)
-    q_tail = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_TAIL], big)
-    kmain = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_MAIN], big)
-    ktail = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_TAIL], big)
+    q_main, q_tail, kmain, ktail, full, empty = _shared_ring(BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, STAGES, PRODUCER_WARPS)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], gl.bfloat16)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_M], p_layout)
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(full.index(s), count=PRODUCER_WARPS * 32)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_M], p_layout)  # Pᵀ: keys x rows
 
     gl.warp_specialize(
         [
