@@ -213,7 +213,9 @@ class MLAVerifyWrapper:
     copies every plan into that workspace's fixed metadata buffer and ``run`` launches grids
     sized for its largest batch, so a graph captured around ``run`` once stays valid after
     re-planning with new lengths (same q / kv / out buffers, at most ``max_batch`` requests of
-    at most ``max_draft`` drafts).
+    at most ``max_draft`` drafts). In this mode q, out and tree_mask may be static buffers longer
+    than a plan needs (a captured step padded to its bucket): rows past the plan's N are neither
+    read nor written.
 
     Backends: on an sm_90 (Hopper) GPU with Gluon, ``plan`` builds the Hopper path's plan
     (``kernel.hopper``: warp-specialized Gluon split kernel, 1.3-1.7x the Triton path on an H200)
@@ -422,7 +424,8 @@ class MLAVerifyWrapper:
             raise ValueError(
                 f"Expected q of shape [N, {plan.num_heads}, {plan.dims.head_dim}] as planned, got {tuple(q.shape)}"
             )
-        check_sizes(*self._sizes, shapes.num_tokens, kv_indices.numel(), None if tree_mask is None else tree_mask.numel())
+        check_sizes(*self._sizes, shapes.num_tokens, kv_indices.numel(), None if tree_mask is None else tree_mask.numel(),
+                    padded=self.use_cuda_graph)
         if out is None:
             out = torch.empty((shapes.num_tokens, shapes.num_heads, shapes.v_head_dim), dtype=q.dtype, device=q.device)
         scale = 1.0 / math.sqrt(shapes.head_dim) if sm_scale is None else float(sm_scale)

@@ -131,10 +131,20 @@ def check_lengths(qo_lens: list[int], kv_lens: list[int]) -> None:
         _expect(l >= t, f"L_b >= T_b for request {b} (its last T_b KV slots are its draft tokens; T_b={t})", l)
 
 
-def check_sizes(num_tokens: int, total_kv: int, mask_numel: int, q_rows: int, num_indices: int, tree_mask_numel: int | None) -> None:
+def check_sizes(
+    num_tokens: int, total_kv: int, mask_numel: int, q_rows: int, num_indices: int, tree_mask_numel: int | None,
+    padded: bool = False,
+) -> None:
     """A run's tensor sizes against its plan's totals: N = sum_b T_b, sum_b L_b <= kv_indices.numel(),
-    and a tree mask of sum_b T_b^2 elements."""
-    _expect(num_tokens == q_rows, f"qo_indptr[-1] == N == q.shape[0] ({q_rows})", num_tokens)
+    and a tree mask of sum_b T_b^2 elements. ``padded`` (CUDA-graph runs over static buffers): q and
+    the tree mask may be longer than the plan needs; rows past N are neither read nor written."""
+    if padded:
+        _expect(num_tokens <= q_rows, f"qo_indptr[-1] <= q.shape[0] ({q_rows}) for a padded (CUDA-graph) run", num_tokens)
+    else:
+        _expect(num_tokens == q_rows, f"qo_indptr[-1] == N == q.shape[0] ({q_rows})", num_tokens)
     _expect(total_kv <= num_indices, f"kv_indptr[-1] <= kv_indices.numel() ({num_indices})", total_kv)
     if tree_mask_numel is not None:
-        _expect(tree_mask_numel == mask_numel, f"tree_mask with sum_b T_b^2 = {mask_numel} elements", tree_mask_numel)
+        if padded:
+            _expect(mask_numel <= tree_mask_numel, f"tree_mask with at least sum_b T_b^2 = {mask_numel} elements", tree_mask_numel)
+        else:
+            _expect(tree_mask_numel == mask_numel, f"tree_mask with sum_b T_b^2 = {mask_numel} elements", tree_mask_numel)

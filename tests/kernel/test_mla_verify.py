@@ -232,6 +232,30 @@ def test_use_cuda_graph_replans_into_the_same_buffers():
         wrapper.plan(too_many["qo_indptr"], too_many["kv_indptr"], num_heads=3, head_dim=64, v_head_dim=32)
 
 
+def test_use_cuda_graph_runs_over_padded_static_buffers():
+    """A captured step passes static q / out / tree_mask buffers sized for its bucket: rows past
+    the plan's N are neither read nor written, and only graph mode accepts the padding."""
+    from kernel import MLAVerifyWrapper
+
+    workspace = MLAVerifyWrapper(DEVICE).allocate_workspace(
+        max_batch=2, max_draft=4, num_heads=3, head_dim=64, v_head_dim=32, use_cuda_graph=True
+    )
+    wrapper = MLAVerifyWrapper(DEVICE, workspace=workspace, use_cuda_graph=True)
+    inp = graph_mode_inputs([90, 40], seed=3)
+    n, pad = inp["q"].shape[0], 5
+    q = torch.cat([inp["q"], torch.randn(pad, 3, 64).to(inp["q"])])
+    mask = torch.cat([inp["tree_mask"], torch.ones(7, dtype=inp["tree_mask"].dtype, device=DEVICE)])
+    out = torch.full((n + pad, 3, 32), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    wrapper.plan(inp["qo_indptr"], inp["kv_indptr"], num_heads=3, head_dim=64, v_head_dim=32)
+    wrapper.run(q, inp["kv"], inp["kv_indices"], mask, out=out)
+    check_against_reference(inp, out[:n])
+    assert torch.isnan(out[n:]).all(), "rows past the plan were written"
+    eager = MLAVerifyWrapper(DEVICE)
+    eager.plan(inp["qo_indptr"], inp["kv_indptr"], num_heads=3, head_dim=64, v_head_dim=32)
+    with pytest.raises(ValueError, match=r"qo_indptr\[-1\] == N == q.shape\[0\]"):
+        eager.run(q, inp["kv"], inp["kv_indices"], inp["tree_mask"], out=out)
+
+
 def test_use_cuda_graph_needs_a_graph_workspace():
     from kernel import MLAVerifyWrapper
 
