@@ -23,17 +23,18 @@ import torch
 DEFAULT_CHUNK_BYTES = 512 << 20  # bytes of one head group's scores; about 3x this is live at once
 
 
-def causal_tree_mask(num_draft: int) -> torch.Tensor:
+def causal_tree_mask(num_draft: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Mask of a chain of drafts: draft ``t`` sees drafts ``0 .. t``.
 
     Args:
         num_draft: ``T >= 1``, the number of draft tokens.
+        device: where to build it (None: the CPU).
     Returns:
         bool ``[T, T]``, lower-triangular including the diagonal.
     """
     if num_draft < 1:
         raise ValueError(f"Expected num_draft >= 1, got {num_draft}")
-    return torch.ones(num_draft, num_draft, dtype=torch.bool).tril()
+    return torch.ones(num_draft, num_draft, dtype=torch.bool, device=device).tril()
 
 
 def tree_mask_from_parents(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,7 @@ def mla_verify_reference(
         kv_cache: same dtype family ``[num_slots, D]`` or ``[num_slots, 1, D]``; one latent row
             per token slot.
         qo_indptr: int ``[B + 1]``; request ``b``'s drafts are ``q[qo_indptr[b]:qo_indptr[b + 1]]``
-            (``T_b >= 1``).
+            (``T_b >= 1``). Both indptrs are read on the host: CPU tensors cost no device sync.
         kv_indptr: int ``[B + 1]``; request ``b``'s slots are
             ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`` in position order (``L_b >= T_b``).
         kv_indices: int32/int64 ``[total_kv]``; the last ``T_b`` slots of request ``b`` hold its
@@ -121,7 +122,7 @@ def mla_verify_reference(
                 f"Expected 1 <= T_b <= L_b for request {b}, got T_b={num_draft}, L_b={context_len}"
             )
         if flat_mask is None:
-            draft_mask = causal_tree_mask(num_draft).to(q.device)
+            draft_mask = causal_tree_mask(num_draft, q.device)  # built in place: no host-to-device copy
         else:
             block = flat_mask[mask_offset : mask_offset + num_draft * num_draft]
             if block.numel() != num_draft * num_draft:

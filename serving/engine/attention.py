@@ -5,6 +5,12 @@ one ``MLAVerifyWrapper.plan`` from the batch's host copies of the indptrs, so at
 host sync to a step); then each layer calls
 ``forward_extend`` (prefill), ``forward_decode`` (T=1) or ``forward_verify`` (draft tree).
 
+CUDA-graph hooks (SGLang's names): ``init_cuda_graph_state`` once, then per captured bucket
+``init_forward_metadata_capture_cuda_graph(key, ...)`` (a wrapper with its own fixed workspace,
+planned for the bucket's largest batch) and, before each replay,
+``init_forward_metadata_replay_cuda_graph(key, batch)`` (re-plan into that workspace). A
+backend that cannot be captured says so with ``supports_cuda_graph = False``.
+
 Decode and verify take the absorbed query ``q`` [N, H, kv_lora_rank + qk_rope_head_dim] and
 return the attention output in latent space [N, H, kv_lora_rank]; the layer maps it through
 W_UV. Extend takes the non-absorbed query and returns per-head values [N, H, v_head_dim].
@@ -38,6 +44,7 @@ class AttentionBackend:
     """
 
     name = "base"
+    supports_cuda_graph = False
 
     def __init__(self, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> None:
         self.pool = pool
@@ -49,6 +56,15 @@ class AttentionBackend:
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Per-step metadata for every layer; the base needs none."""
+
+    def init_cuda_graph_state(self, max_batch: int, max_tokens: int) -> None:
+        raise NotImplementedError(f"the {self.name} backend cannot be captured in a CUDA graph")
+
+    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch) -> None:
+        raise NotImplementedError(f"the {self.name} backend cannot be captured in a CUDA graph")
+
+    def init_forward_metadata_replay_cuda_graph(self, key, batch: ForwardBatch) -> None:
+        raise NotImplementedError(f"the {self.name} backend cannot be captured in a CUDA graph")
 
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         raise NotImplementedError
@@ -110,17 +126,22 @@ class AttentionBackend:
 
 
 class ReferenceBackend(AttentionBackend):
-    """Decode and verify through ``kernel.reference`` (float32 gather / matmul / softmax)."""
+    """Decode and verify through ``kernel.reference`` (float32 gather / matmul / softmax), per
+    request with host-side lengths (no device sync); not capturable (shapes follow lengths)."""
 
     name = "reference"
 
     def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch, tree_mask) -> torch.Tensor:
-        return mla_verify_reference(
-            q.to(self.pool.dtype) if self.pool.dtype != torch.float32 else q,
-            self.pool.layer(layer), batch.qo_indptr, batch.kv_indptr, batch.kv_indices, tree_mask,
+        n = sum(batch.qo_lens)
+        if tree_mask is not None:
+            tree_mask = tree_mask[: sum(t * t for t in batch.qo_lens)]
+        out = mla_verify_reference(
+            (q.to(self.pool.dtype) if self.pool.dtype != torch.float32 else q)[:n],
+            self.pool.layer(layer), batch.qo_indptr_host, batch.kv_indptr_host, batch.kv_indices, tree_mask,
             self.sm_scale, v_head_dim=self.kv_lora_rank, compute_dtype=torch.float32,
             out_dtype=self.pool.dtype,
         ).to(q.dtype)
+        return out if n == q.shape[0] else torch.cat([out, q.new_zeros((q.shape[0] - n,) + out.shape[1:])])
 
     def forward_decode(self, q, layer, batch):
         return self._attend(q, layer, batch, None)
@@ -130,31 +151,63 @@ class ReferenceBackend(AttentionBackend):
 
 
 class KernelBackend(AttentionBackend):
-    """Decode and verify through the Triton MLA verify kernel: one plan per step, one run per layer."""
+    """Decode and verify through the MLA verify kernel: one plan per step, one run per layer.
+
+    Graphs: each captured bucket (a ``key``) has its own ``MLAVerifyWrapper(use_cuda_graph=True)``
+    with a workspace sized for the bucket's batch size and widest entry; replay re-plans the
+    real batch into it (no recapture).
+    """
 
     name = "kernel"
+    supports_cuda_graph = True
 
     def __init__(self, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> None:
         super().__init__(pool, num_heads, kv_lora_rank, sm_scale)
         if pool.dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"Expected a bf16 or fp16 KV pool for the kernel backend, got {pool.dtype}")
         self.wrapper = MLAVerifyWrapper(self.device)
-        self._planned = False
+        self._graph_wrappers: dict = {}
+        self._graph_workspaces: dict = {}
+        self._active = None  # the wrapper the step's layers run
+
+    def _plan(self, wrapper: MLAVerifyWrapper, batch: ForwardBatch) -> None:
+        # The host copies: plan() reads the lengths with .tolist(), a device sync on the device tensors.
+        wrapper.plan(
+            batch.qo_indptr_host, batch.kv_indptr_host, self.num_heads, head_dim=self.pool.kv.shape[-1],
+            v_head_dim=self.kv_lora_rank, dtype=self.pool.dtype,
+        )
+        self._active = wrapper
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        self._planned = False
+        self._active = None
         if batch.mode in ("decode", "verify"):
-            # The host copies: plan() reads the lengths with .tolist(), a device sync on the device tensors.
-            self.wrapper.plan(
-                batch.qo_indptr_host, batch.kv_indptr_host, self.num_heads, head_dim=self.pool.kv.shape[-1],
-                v_head_dim=self.kv_lora_rank, dtype=self.pool.dtype,
-            )
-            self._planned = True
+            self._plan(self.wrapper, batch)
+
+    def init_cuda_graph_state(self, max_batch: int, max_tokens: int) -> None:
+        self._graph_wrappers.clear()
+        self._graph_workspaces.clear()
+
+    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch) -> None:
+        workspace = MLAVerifyWrapper(self.device).allocate_workspace(
+            max_batch=batch_size, max_draft=max_draft, num_heads=self.num_heads, head_dim=self.pool.kv.shape[-1],
+            v_head_dim=self.kv_lora_rank, use_cuda_graph=True,
+        )
+        wrapper = MLAVerifyWrapper(self.device, workspace=workspace, use_cuda_graph=True)
+        self._graph_wrappers[key], self._graph_workspaces[key] = wrapper, workspace
+        self._plan(wrapper, batch)
+
+    def init_forward_metadata_replay_cuda_graph(self, key, batch: ForwardBatch) -> None:
+        self._plan(self._graph_wrappers[key], batch)
+
+    def graph_workspace_bytes(self) -> dict:
+        """Device bytes of each bucket's workspace (partials and metadata)."""
+        return {key: sum(t.numel() * t.element_size() for t in (ws.partial_o, ws.partial_lse, ws.metadata))
+                for key, ws in self._graph_workspaces.items()}
 
     def _run(self, q, layer, batch, tree_mask):
-        if not self._planned:
+        if self._active is None:
             raise ValueError("Expected init_forward_metadata(batch) before the step's attention, got none")
-        out = self.wrapper.run(q.to(self.pool.dtype).contiguous(), self.pool.layer(layer), batch.kv_indices, tree_mask, self.sm_scale)
+        out = self._active.run(q.to(self.pool.dtype).contiguous(), self.pool.layer(layer), batch.kv_indices, tree_mask, self.sm_scale)
         return out.to(q.dtype)
 
     def forward_decode(self, q, layer, batch):

@@ -1,58 +1,159 @@
-"""One forward step's batch: the metadata every layer and the attention backend read.
+"""One forward step's batch: what the host decides (``StepBatch``) and the device views every
+layer and the attention backend read (``ForwardBatch``).
 
-Modes: ``extend`` (prefill, causal, any length), ``decode`` (one token per request) and
-``verify`` (a draft tree per request, ``T_b <= 64``, with a tree mask).
+Kinds: ``extend`` (prefill, causal, any length), ``decode`` (one token per entry, causal)
+and ``verify`` (a draft tree per entry, ``T_b <= 64``, with a tree mask).
+
+Decisions:
+- An entry names its cached prefix as (slot-table row, length) and only the slots after it
+  as a host list (``tail``): a step's ``kv_indices`` is built on the device from the table
+  (``kv_indices.build_kv_indices``), so a 128k-token context costs no host list and no copy.
+- Every host-side field is packed by ``StepLayout`` into one int64 host buffer (pinned on
+  CUDA) and copied to the device once; the device fields are views of that copy. A layout
+  is either exact (an eager step) or a bucket's fixed one (a CUDA graph's static buffers:
+  the same views every replay, rows past the real batch padded).
+- Padding (graph buckets) is inert: padded tokens have id 0 at position 0 and write their
+  latent rows to slot 0, which the allocator never hands out; padded entries have no KV
+  (``kv_len`` 0) and are not in the attention plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-MODES = ("extend", "decode", "verify")
+KINDS = ("extend", "decode", "verify")
 
 
 @dataclass
-class ForwardBatch:
-    """Shapes (N new tokens over B requests, total_kv = sum_b L_b):
+class StepEntry:
+    """One request (or one draft chain) of a step.
 
-    mode: one of MODES.
-    input_ids: int64 [N]; positions: int64 [N].
-    qo_indptr: int32 [B+1]; request b's new tokens are rows qo_indptr[b]:qo_indptr[b+1].
-    kv_indptr: int32 [B+1]; kv_indices: int32 [total_kv]; request b's slots in position order,
-        the last T_b of them its new tokens.
-    out_slots: int64 [N]; slot each new token's latent row is written to.
-    tree_mask: bool [sum_b T_b^2] (verify) or None (causal).
-    qo_lens, kv_lens: the same lengths as host lists (no device sync to read them).
-    qo_indptr_host, kv_indptr_host: int32 [B+1] CPU copies of qo_indptr / kv_indptr (for
-        host-side planning without a device sync).
-    max_position: the largest position in the batch (host int).
-
-    The device tensors may be views of one shared buffer: treat them as read-only.
+    row: slot-table row holding the cached prefix (0 with ``prefix_len`` 0: none).
+    prefix_len: cached slots read from the row, in position order.
+    tail: slots after the prefix, in position order; the last ``len(tokens)`` are the new
+        tokens' own slots (their latent rows are written this step).
+    tokens, positions: the new tokens (T_b of each).
+    parents: verify only, int [T_b]: the parent of each new token among them (-1 for the
+        root, which is token 0); the tree mask and acceptance come from it.
     """
 
-    mode: str
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    out_slots: torch.Tensor
-    tree_mask: torch.Tensor | None
-    qo_lens: list[int]
-    kv_lens: list[int]
-    qo_indptr_host: torch.Tensor
-    kv_indptr_host: torch.Tensor
-    max_position: int = 0
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.qo_lens)
+    row: int
+    prefix_len: int
+    tail: list[int]
+    tokens: list[int]
+    positions: list[int]
+    parents: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
-        return sum(self.qo_lens)
+        return len(self.tokens)
+
+    @property
+    def kv_len(self) -> int:
+        return self.prefix_len + len(self.tail)
+
+
+@dataclass
+class StepBatch:
+    """A step as the host decides it.
+
+    kind: one of KINDS. num_layers: run only the first layers (a layer-skip drafter), None: all.
+    topk: also return each row's top-``topk`` token ids (a drafter's first step), 0: none.
+    accept: greedy acceptance of the drafts on the device, and the accepted slots written to
+        the slot table (a decode / verify step of the target model).
+    logits_rows: extend only, rows to return logits for (None: every row).
+    """
+
+    kind: str
+    entries: list[StepEntry]
+    num_layers: int | None = None
+    topk: int = 0
+    accept: bool = False
+    logits_rows: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Expected kind in {KINDS}, got {self.kind!r}")
+        if not self.entries:
+            raise ValueError("Expected at least one entry in a step, got none")
+        for b, e in enumerate(self.entries):
+            t = e.num_tokens
+            if t < 1 or len(e.positions) != t or len(e.tail) < t:
+                raise ValueError(
+                    f"Expected entry {b} with T >= 1 tokens, as many positions and a tail holding the new tokens' "
+                    f"slots, got {t} tokens, {len(e.positions)} positions, {len(e.tail)} tail slots"
+                )
+            if self.kind == "decode" and t != 1:
+                raise ValueError(f"Expected one token per entry in a decode step, got {t} for entry {b}")
+            if self.kind == "verify" and (e.parents is None or len(e.parents) != t):
+                raise ValueError(f"Expected parents for each of entry {b}'s {t} tokens in a verify step, got {e.parents}")
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.entries)
+
+    @property
+    def max_tokens(self) -> int:
+        return max(e.num_tokens for e in self.entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.entries)
+
+
+def tree_arrays(parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(depth int64 [T], ancestor-or-self bool [T, T]) of a tree given in topological order
+    (``parents[t] < t``; -1 for a root)."""
+    t = len(parents)
+    depth = np.zeros(t, dtype=np.int64)
+    anc = np.zeros((t, t), dtype=bool)
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"Expected parents[{i}] in [-1, {i - 1}] (tokens in topological order), got {p}")
+        if p >= 0:
+            anc[i] = anc[p]
+            depth[i] = depth[p] + 1
+        anc[i, i] = True
+    return depth, anc
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Sizes of a step's packed fields: exact for an eager step, a bucket's for a graph.
+
+    batch: entries B. tokens: rows N. tails: tail slots. mask: tree-mask elements
+    (sum T_b^2). width: T of the acceptance grid [B, width]. kv: kv_indices capacity.
+    """
+
+    batch: int
+    tokens: int
+    tails: int
+    mask: int
+    width: int
+    kv: int
+
+    @staticmethod
+    def exact(step: StepBatch) -> "StepLayout":
+        t = step.max_tokens
+        return StepLayout(step.batch_size, step.num_tokens, sum(len(e.tail) for e in step.entries),
+                          sum(e.num_tokens ** 2 for e in step.entries), t, sum(e.kv_len for e in step.entries))
+
+    def holds(self, step: StepBatch) -> bool:
+        need = StepLayout.exact(step)
+        return (need.batch <= self.batch and need.tokens <= self.tokens and need.tails <= self.tails
+                and need.mask <= self.mask and need.width <= self.width and need.kv <= self.kv)
+
+    def regions(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """(int64 fields, int32 fields, bool fields) -> element counts, in packing order."""
+        b, n, g = self.batch, self.tokens, self.batch * self.width
+        i64 = {"input_ids": n, "positions": n, "out_slots": n, "rows": b, "prefix_lens": b,
+               "grid_rows": g, "grid_parents": g, "grid_depth": g}
+        i32 = {"qo_indptr": b + 1, "kv_indptr": b + 1, "tail_indptr": b + 1, "tails": self.tails}
+        flags = {"tree_mask": self.mask, "grid_valid": g, "grid_anc": g * self.width}
+        return i64, i32, flags
 
 
 def _words(n: int, per_word: int) -> int:
@@ -62,94 +163,171 @@ def _words(n: int, per_word: int) -> int:
     return w + (w & 1)
 
 
-def build_batch(
-    mode: str,
-    tokens: list[list[int]],
-    positions: list[list[int]],
-    prefix_slots: list,
-    new_slots: list[list[int]],
-    tree_masks: list[torch.Tensor] | None,
-    device: torch.device,
-) -> ForwardBatch:
-    """Pack per-request host lists into a ForwardBatch with one host-to-device copy.
+@dataclass
+class PackedStep:
+    """A step's fields packed per ``layout``: ``host`` int64 (pinned on CUDA) and the named
+    numpy views into it (``fill`` writes them); ``views(device_buffer)`` names the device copy."""
 
-    tokens/positions/new_slots: per request, its T_b new tokens; prefix_slots: its cached
-    slots before them: a host list, an int32 device tensor (e.g. ``SlotTable.device_slots``) or
-    a pair (device tensor, host list) of the two in that order; tree_masks: per request bool
-    [T_b, T_b] (verify) or None.
+    layout: StepLayout
+    host: torch.Tensor
+    offsets: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # name -> (byte offset, count, dtype)
 
-    Every host-side field goes into one int64 host buffer (pinned on CUDA) of three regions:
-    int64 [input_ids | positions | out_slots], int32 [kv segments | qo_indptr | kv_indptr] and
-    bool [tree_mask]; the device fields are views of its single copy (no cast kernels). A kv
-    segment is the host part of a request's prefix and its new slots, so a batch whose prefixes
-    are all host lists needs no concatenation on the device.
+    @staticmethod
+    def allocate(layout: StepLayout, pin: bool) -> "PackedStep":
+        i64, i32, flags = layout.regions()
+        offsets, words = {}, 0
+        for fields, per_word, dtype in ((i64, 1, "int64"), (i32, 2, "int32"), (flags, 8, "bool")):
+            for name, count in fields.items():
+                offsets[name] = (words * 8, count, dtype)
+                words += _words(count, per_word)
+        host = torch.zeros(max(words, 2), dtype=torch.int64, pin_memory=pin)
+        return PackedStep(layout, host, offsets)
+
+    def numpy(self, name: str) -> np.ndarray:
+        start, count, dtype = self.offsets[name]
+        return self.host.numpy().view(np.uint8)[start : start + count * np.dtype(dtype).itemsize].view(dtype)
+
+    def views(self, device_buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        raw = device_buffer.view(torch.uint8)
+        out = {}
+        for name, (start, count, dtype) in self.offsets.items():
+            out[name] = raw[start : start + count * np.dtype(dtype).itemsize].view(getattr(torch, dtype))
+        return out
+
+    def fill(self, step: StepBatch) -> None:
+        """Write ``step`` into the host buffer; fields past the step are padding (zeros, and
+        parents / rows of padded acceptance cells pointing at themselves)."""
+        lay = self.layout
+        if not lay.holds(step):
+            raise ValueError(f"Expected a step within the layout {lay}, got {StepLayout.exact(step)}")
+        entries = step.entries
+        t_lens = np.fromiter((e.num_tokens for e in entries), dtype=np.int64, count=len(entries))
+        n = int(t_lens.sum())
+        for name in ("input_ids", "positions", "out_slots"):
+            self.numpy(name)[:] = 0
+        self.numpy("input_ids")[:n] = [x for e in entries for x in e.tokens]
+        self.numpy("positions")[:n] = [x for e in entries for x in e.positions]
+        self.numpy("out_slots")[:n] = [x for e in entries for x in e.tail[len(e.tail) - e.num_tokens :]]
+        b = len(entries)
+        for name in ("rows", "prefix_lens"):
+            self.numpy(name)[:] = 0
+        self.numpy("rows")[:b] = [e.row for e in entries]
+        self.numpy("prefix_lens")[:b] = [e.prefix_len for e in entries]
+        qo = self.numpy("qo_indptr")
+        kv = self.numpy("kv_indptr")
+        ti = self.numpy("tail_indptr")
+        qo[0] = kv[0] = ti[0] = 0
+        np.cumsum(t_lens, out=qo[1 : b + 1])
+        np.cumsum([e.kv_len for e in entries], out=kv[1 : b + 1])
+        np.cumsum([len(e.tail) for e in entries], out=ti[1 : b + 1])
+        qo[b + 1 :], kv[b + 1 :], ti[b + 1 :] = qo[b], kv[b], ti[b]  # padded entries are empty
+        tails = [x for e in entries for x in e.tail]
+        self.numpy("tails")[: len(tails)] = tails
+        self._fill_tree(step, qo)
+
+    def _fill_tree(self, step: StepBatch, qo: np.ndarray) -> None:
+        w = self.layout.width
+        grid_rows = self.numpy("grid_rows").reshape(-1, w)
+        parents = self.numpy("grid_parents").reshape(-1, w)
+        depth = self.numpy("grid_depth").reshape(-1, w)
+        valid = self.numpy("grid_valid").reshape(-1, w)
+        anc = self.numpy("grid_anc").reshape(-1, w, w)
+        mask = self.numpy("tree_mask")
+        # Padding: a cell is its own parent at depth 0, invalid, reading row 0.
+        grid_rows[:] = 0
+        parents[:] = np.arange(w)
+        depth[:] = 0
+        valid[:] = False
+        anc[:] = False
+        mask[:] = False
+        offset = 0
+        for b, e in enumerate(step.entries):
+            t = e.num_tokens
+            grid_rows[b, :t] = qo[b] + np.arange(t)
+            valid[b, :t] = True
+            if e.parents is None:  # decode / extend: a chain
+                parents[b, :t] = np.maximum(np.arange(t) - 1, 0)
+                depth[b, :t] = np.arange(t)
+                tri = np.tri(t, dtype=bool)
+            else:
+                d, tri = tree_arrays(e.parents)
+                parents[b, :t] = [max(p, 0) for p in e.parents]
+                depth[b, :t] = d
+            anc[b, :t, :t] = tri
+            if step.kind == "verify":
+                mask[offset : offset + t * t] = tri.reshape(-1)
+                offset += t * t
+
+
+@dataclass
+class ForwardBatch:
+    """The device side of a step (N rows, possibly padded past the real ``num_real`` tokens).
+
+    kind: one of KINDS. input_ids, positions, out_slots: int64 [N].
+    qo_indptr, kv_indptr: int32 [B+1] (device); qo_indptr_host, kv_indptr_host: int32 [B+1]
+        CPU copies (planning without a device sync); qo_lens, kv_lens: host lists (real entries).
+    kv_indices: int32 [>= total_kv], each entry's slots in position order, its new tokens last.
+    tree_mask: bool [>= sum_b T_b^2] (verify) or None (causal).
+    rows, prefix_lens: int64 [B]; tail_indptr int32 [B+1], tails int32: what ``kv_indices`` is built from.
+    grid_*: the acceptance grid [B, width] (rows, parents, depth, valid) and grid_anc [B, width, width].
+    max_position: the largest position (host int).
     """
-    if mode not in MODES:
-        raise ValueError(f"Expected mode in {MODES}, got {mode!r}")
-    qo_lens = [len(t) for t in tokens]
-    if any(n < 1 for n in qo_lens):
-        raise ValueError(f"Expected at least one new token per request, got lengths {qo_lens}")
-    for b, (t, p, s) in enumerate(zip(tokens, positions, new_slots)):
-        if not len(t) == len(p) == len(s):
-            raise ValueError(f"Expected tokens, positions and new slots of one length for request {b}, got {len(t)}, {len(p)}, {len(s)}")
-    mask = None
-    if mode == "verify":
-        if tree_masks is None:
-            raise ValueError("Expected tree_masks for a verify batch, got None")
-        mask = torch.cat([m.reshape(-1).to(torch.bool) for m in tree_masks])
-    device = torch.device(device)
-    longs = [x for rows in (tokens, positions, new_slots) for row in rows for x in row]
-    ints: list[int] = []
-    pieces: list = []  # kv_indices in order: device prefixes and (start, end) ranges of ``ints``
-    kv_lens = []
-    for p, n in zip(prefix_slots, new_slots):
-        if isinstance(p, tuple):
-            on_device, on_host = p
-        elif isinstance(p, torch.Tensor):
-            on_device, on_host = p, ()
-        else:
-            on_device, on_host = None, p
-        start = len(ints)
-        if on_device is not None:
-            pieces.append(on_device)
-        ints.extend(on_host)
-        ints.extend(n)
-        kv_lens.append(len(ints) - start + (0 if on_device is None else on_device.numel()))
-        if pieces and isinstance(pieces[-1], tuple):  # segments are back to back: extend the run
-            pieces[-1] = (pieces[-1][0], len(ints))
-        else:
-            pieces.append((start, len(ints)))
-    total_kv = len(ints)
-    qo_indptr = [0]
-    kv_indptr = [0]
-    for q, k in zip(qo_lens, kv_lens):
-        qo_indptr.append(qo_indptr[-1] + q)
-        kv_indptr.append(kv_indptr[-1] + k)
-    ints += qo_indptr + kv_indptr
-    w64, w32 = _words(len(longs), 1), _words(len(ints), 2)
-    w8 = _words(mask.numel(), 8) if mask is not None else 0
-    host = torch.empty(w64 + w32 + w8, dtype=torch.int64, pin_memory=device.type == "cuda")
-    host[: len(longs)] = torch.tensor(longs, dtype=torch.int64)
-    host_i32 = host[w64 : w64 + w32].view(torch.int32)
-    host_i32[: len(ints)] = torch.tensor(ints, dtype=torch.int32)
-    if mask is not None:
-        host[w64 + w32 :].view(torch.bool)[: mask.numel()] = mask
-    dev = host.to(device, non_blocking=True)
-    i64, i32 = dev[:w64], dev[w64 : w64 + w32].view(torch.int32)
-    pieces = [i32[x[0] : x[1]] if isinstance(x, tuple) else x.to(device=device, dtype=torch.int32) for x in pieces]
-    n, b = len(longs) // 3, len(qo_lens)
+
+    kind: str
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_slots: torch.Tensor
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    tree_mask: torch.Tensor | None
+    qo_lens: list[int]
+    kv_lens: list[int]
+    qo_indptr_host: torch.Tensor
+    kv_indptr_host: torch.Tensor
+    fields: dict[str, torch.Tensor]
+    max_position: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.qo_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def mode(self) -> str:
+        """The attention mode: ``extend``, ``decode`` or ``verify``."""
+        return self.kind
+
+
+def host_indptrs(step: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 [B+1] CPU tensors of the real entries' qo and kv indptrs."""
+    qo = np.zeros(step.batch_size + 1, dtype=np.int32)
+    kv = np.zeros(step.batch_size + 1, dtype=np.int32)
+    np.cumsum([e.num_tokens for e in step.entries], out=qo[1:])
+    np.cumsum([e.kv_len for e in step.entries], out=kv[1:])
+    return torch.from_numpy(qo), torch.from_numpy(kv)
+
+
+def forward_batch(step: StepBatch, views: dict[str, torch.Tensor], kv_indices: torch.Tensor) -> ForwardBatch:
+    """The ``ForwardBatch`` over device ``views`` (from ``PackedStep.views``) and a ``kv_indices``
+    buffer that ``build_kv_indices`` fills."""
+    qo_host, kv_host = host_indptrs(step)
     return ForwardBatch(
-        mode=mode,
-        input_ids=i64[:n],
-        positions=i64[n : 2 * n],
-        qo_indptr=i32[total_kv : total_kv + b + 1],
-        kv_indptr=i32[total_kv + b + 1 : total_kv + 2 * b + 2],
-        kv_indices=pieces[0] if len(pieces) == 1 else torch.cat(pieces),
-        out_slots=i64[2 * n : 3 * n],
-        tree_mask=None if mask is None else dev[w64 + w32 :].view(torch.bool)[: mask.numel()],
-        qo_lens=qo_lens,
-        kv_lens=kv_lens,
-        qo_indptr_host=host_i32[total_kv : total_kv + b + 1],
-        kv_indptr_host=host_i32[total_kv + b + 1 : total_kv + 2 * b + 2],
-        max_position=max(max(p) for p in positions),
+        kind=step.kind,
+        input_ids=views["input_ids"],
+        positions=views["positions"],
+        out_slots=views["out_slots"],
+        qo_indptr=views["qo_indptr"],
+        kv_indptr=views["kv_indptr"],
+        kv_indices=kv_indices,
+        tree_mask=views["tree_mask"] if step.kind == "verify" else None,
+        qo_lens=[e.num_tokens for e in step.entries],
+        kv_lens=[e.kv_len for e in step.entries],
+        qo_indptr_host=qo_host,
+        kv_indptr_host=kv_host,
+        fields=views,
+        max_position=max(max(e.positions) for e in step.entries),
     )

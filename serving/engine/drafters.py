@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Protocol
 
-from serving.engine.batch import build_batch
+from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.kv_pool import PoolExhausted
 from serving.engine.tree import MAX_DRAFT_TOKENS, DraftTree
 
@@ -69,7 +69,7 @@ class LayerSkipDrafter:
         self.width, self.depth, self.layers = width, depth, layers
 
     def propose(self, engine: "Engine", requests: list["Request"]) -> list[DraftTree]:
-        pool, model = engine.pool, engine.model
+        pool, model, table = engine.pool, engine.model, engine.pool.table
         layers = min(self.layers, model.num_layers)
         width = min(self.width, model.cfg.vocab_size)
         per_request = 1 + width * (self.depth - 1)
@@ -81,26 +81,22 @@ class LayerSkipDrafter:
             roots = scratch[: len(requests)]
             branch_slots = [[scratch[len(requests) + (b * width + w) * (self.depth - 1) + j] for j in range(self.depth - 1)]
                             for b in range(len(requests)) for w in range(width)]
-            prefix = [pool.table.device_slots(r.req_id) for r in requests]
-            batch = build_batch("decode", [[r.tokens[-1]] for r in requests], [[len(p)] for p in prefix],
-                                prefix, [[s] for s in roots], None, model.device)
-            logits = model.forward(batch, pool, engine.backend, num_layers=layers)
-            first = logits.topk(width, dim=-1).indices.tolist()
-            chains = [[first[b][w]] for b in range(len(requests)) for w in range(width)]
+            rows = [table.row(r.req_id) for r in requests]
+            lengths = [table.length(r.req_id) for r in requests]
+            first_step = StepBatch("decode", [StepEntry(row, n, [root], [r.tokens[-1]], [n])
+                                              for row, n, root, r in zip(rows, lengths, roots, requests)],
+                                   num_layers=layers, topk=width)
+            first = engine.runner.run(first_step).topk
+            chains = [[first[b][0][w]] for b in range(len(requests)) for w in range(width)]
             for step in range(1, self.depth):
                 owners = [i // width for i in range(len(chains))]
-                batch = build_batch(
-                    "decode",
-                    [[c[-1]] for c in chains],
-                    [[len(prefix[o]) + step] for o in owners],
-                    [(prefix[o], [roots[o]] + branch_slots[i][: step - 1]) for i, o in enumerate(owners)],  # packed by build_batch
-                    [[branch_slots[i][step - 1]] for i in range(len(chains))],
-                    None,
-                    model.device,
-                )
-                nxt = model.forward(batch, pool, engine.backend, num_layers=layers).argmax(dim=-1).tolist()
+                batch = StepBatch("decode", [
+                    StepEntry(rows[o], lengths[o], [roots[o]] + branch_slots[i][:step], [chains[i][-1]], [lengths[o] + step])
+                    for i, o in enumerate(owners)
+                ], num_layers=layers)
+                nxt = engine.runner.run(batch).pred
                 for c, t in zip(chains, nxt):
-                    c.append(t)
+                    c.append(t[0])
         finally:
             pool.free(scratch)
         return [DraftTree.from_paths(chains[b * width : (b + 1) * width]) for b in range(len(requests))]

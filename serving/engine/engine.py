@@ -1,12 +1,16 @@
 """The generation loop: chunked prefill, then plain decode or tree-speculative verify steps.
 
 Decisions:
-- Every step after prefill is one forward over the batch: each request contributes its last
-  emitted token (the root, not cached yet) plus its draft tree. Without drafts that is a
-  decode step (T_b = 1); otherwise a verify step with the tree mask.
-- Root and drafts are written to freshly allocated slots. After greedy acceptance the root's
-  and the accepted drafts' slots are appended to the request's slot list in path (= position)
-  order and every other slot goes back to the pool at once.
+- Every step after prefill is one forward over the batch through the model runner: each
+  request contributes its last emitted token (the root, not cached yet) plus its draft tree.
+  Without drafts that is a decode step (T_b = 1); otherwise a verify step with the tree mask.
+- Root and drafts are written to freshly allocated slots. The step accepts drafts greedily on
+  the device and writes the root's and the accepted drafts' slots to the request's slot-table
+  row in path (= position) order; the host mirrors them and every other slot goes back to
+  the pool at once.
+- Speculation never fails a request that plain decoding would serve: when the pool (or the
+  request's slot-table row) cannot hold a whole tree, the tree is cut to what fits (a prefix
+  of a topologically ordered tree is a tree), down to plain decoding.
 - A request that cannot get slots fails with the pool's message and releases everything it
   holds; the other requests of the batch go on.
 """
@@ -20,21 +24,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from serving.engine.accept import bf16_resolution
 from serving.engine.attention import AttentionBackend
-from serving.engine.batch import build_batch
+from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.drafters import Drafter
-from serving.engine.kv_pool import KVPool, PoolExhausted
+from serving.engine.kv_pool import KVPool, PoolExhausted, TableFull
 from serving.engine.model import DeepseekV3Model
+from serving.engine.model_runner import ModelRunner
 from serving.engine.timing import synchronize
-from serving.engine.tree import DraftTree, accept_greedy
+from serving.engine.tree import DraftTree
 
-BF16_MANTISSA_BITS = 7
 _REQUEST_IDS = itertools.count(1)  # unique across engines, which may share one pool
-
-
-def bf16_resolution(x: torch.Tensor) -> torch.Tensor:
-    """One bf16 ulp at |x| (the spacing of bf16 numbers there): 2^(floor(log2|x|) - 7)."""
-    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - BF16_MANTISSA_BITS)
 
 
 @dataclass
@@ -96,7 +96,9 @@ class Engine:
 
     drafter: None for plain greedy decoding; prefill_chunk: prompt tokens per prefill forward;
     record_margins: keep each emitted token's top-two logit gap (the greedy gate's tie check);
-    profile: time the attention calls (CUDA events) to report attention's share of a step.
+    profile: time the attention calls of eager steps (CUDA events) to report attention's share
+    of a step; runner: the model runner (default: an eager one over model, pool and backend;
+    ``serving.graphs.capture`` gives one that replays CUDA graphs).
     """
 
     def __init__(
@@ -109,8 +111,12 @@ class Engine:
         eos_token_id: int | None = None,
         record_margins: bool = False,
         profile: bool = False,
+        runner: ModelRunner | None = None,
     ) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"Expected prefill_chunk >= 1, got {prefill_chunk}")
         self.model, self.pool, self.backend, self.drafter = model, pool, backend, drafter
+        self.runner = runner or ModelRunner(model, pool, backend)
         self.prefill_chunk = prefill_chunk
         self.eos_token_id = eos_token_id
         self.record_margins = record_margins
@@ -131,18 +137,15 @@ class Engine:
         req.finished = True
         self.pool.release_request(req.req_id)
 
-    def _emit(self, req: Request, tokens: list[int], rows: torch.Tensor | None = None) -> None:
+    def _emit(self, req: Request, tokens: list[int], gaps: list[float] | None = None, ties: list[bool] | None = None) -> None:
         room = req.max_new_tokens - len(req.output)
         tokens = tokens[:room]
         if self.eos_token_id is not None and self.eos_token_id in tokens:
             tokens = tokens[: tokens.index(self.eos_token_id) + 1]
         req.output.extend(tokens)
-        if rows is not None:
-            top = rows[: len(tokens)].topk(2, dim=-1).values
-            gaps = (top[:, 0] - top[:, 1]).tolist()
-            tol = bf16_resolution(top[:, 0]).tolist()
-            req.margins.extend(gaps)
-            flags = [g < t for g, t in zip(gaps, tol)]
+        if gaps is not None:
+            req.margins.extend(gaps[: len(tokens)])
+            flags = list(ties[: len(tokens)])
             req.tie_flags.extend(flags)
             req.near_ties += sum(flags)
         if len(req.output) >= req.max_new_tokens or (self.eos_token_id is not None and req.output[-1:] == [self.eos_token_id]):
@@ -163,9 +166,16 @@ class Engine:
             return self._fail(req, f"Expected prompt token ids in [0, {vocab}), got {bad}")
         if n + 1 > self.pool.allocator.capacity:
             return self._fail(req, f"Expected a prompt shorter than the pool ({self.pool.allocator.capacity} slots), got {n} tokens")
+        table = self.pool.table
+        if n + 1 > table.max_context:
+            return self._fail(req, f"Expected a prompt shorter than the slot table's max_context ({table.max_context}), got {n} tokens")
         t0 = time.perf_counter()
         logits = None
-        cached = len(self.pool.table.slots(req.req_id)) if req.req_id in self.pool.table else 0
+        try:
+            table.add(req.req_id)
+        except TableFull as exc:
+            return self._fail(req, str(exc))
+        cached = table.length(req.req_id)
         if cached >= n:
             return self._fail(req, f"Expected fewer cached tokens than the prompt's {n}, got {cached}")
         for start in range(cached, n, self.prefill_chunk):
@@ -174,35 +184,50 @@ class Engine:
                 slots = self.pool.alloc(end - start)
             except PoolExhausted as exc:
                 return self._fail(req, str(exc))
-            prefix = self.pool.table.device_slots(req.req_id) if req.req_id in self.pool.table else []
-            self.pool.table.append(req.req_id, slots)
-            batch = build_batch("extend", [req.prompt[start:end]], [list(range(start, end))], [prefix], [slots], None, self.model.device)
-            rows = torch.tensor([end - start - 1], device=self.model.device) if end == n else torch.empty(0, dtype=torch.long, device=self.model.device)
-            logits = self.model.forward(batch, self.pool, self.backend, logits_rows=rows)
+            entry = StepEntry(table.row(req.req_id), start, slots, req.prompt[start:end], list(range(start, end)))
+            logits = self.runner.extend(StepBatch("extend", [entry], logits_rows=[end - start - 1] if end == n else []))
+            table.append(req.req_id, slots)
             if progress is not None:
                 progress(end, n)
         synchronize(self.model.device)
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prefill_tokens += n - cached
-        self._emit(req, [int(logits[0].argmax())], logits if self.record_margins else None)
+        gaps = ties = None
+        if self.record_margins:
+            top = logits[0].topk(2).values
+            gaps, ties = [float(top[0] - top[1])], [bool(top[0] - top[1] < bf16_resolution(top[0]))]
+        self._emit(req, [int(logits[0].argmax())], gaps, ties)
 
     def fork_prefix(self, req: Request, source_slots: list[int]) -> None:
         """Start ``req`` with a copy of rows already cached for its first ``len(source_slots)``
         prompt tokens (a shared long context); ``prefill`` then computes only the rest.
 
-        Raises PoolExhausted (nothing allocated) when the copy does not fit.
+        Raises PoolExhausted or TableFull (nothing allocated) when the copy does not fit.
         """
         if req.req_id in self.pool.table:
             raise ValueError(f"Expected a request with no cached rows, got request {req.req_id} with some")
         if len(source_slots) >= len(req.prompt):
             raise ValueError(f"Expected a shared prefix shorter than the prompt ({len(req.prompt)}), got {len(source_slots)}")
+        if len(source_slots) > self.pool.table.max_context:
+            raise TableFull(f"a shared prefix of {len(source_slots)} tokens exceeds the slot table's max_context {self.pool.table.max_context}")
         slots = self.pool.alloc(len(source_slots))
-        src = torch.tensor(source_slots).to(self.pool.kv.device)
-        dst = torch.tensor(slots).to(self.pool.kv.device)
-        self.pool.kv[:, dst] = self.pool.kv[:, src]
+        try:
+            self.pool.table.add(req.req_id)
+        except TableFull:
+            self.pool.free(slots)
+            raise
+        self.pool.copy_rows(source_slots, slots)
         self.pool.table.append(req.req_id, slots)
 
     # ---- decode / verify ---------------------------------------------------------------
+
+    def _fitting_tree(self, req: Request, tree: DraftTree) -> DraftTree:
+        """``tree`` cut to the slots the pool and the request's row can take (root included)."""
+        room = min(self.pool.allocator.num_free, self.pool.table.max_context - self.pool.table.length(req.req_id)) - 1
+        if len(tree) <= room:
+            return tree
+        keep = max(0, room)
+        return DraftTree(tree.tokens[:keep], tree.parents[:keep])
 
     def step(self, requests: list[Request]) -> None:
         """One decode or verify step over the unfinished ``requests``."""
@@ -217,6 +242,10 @@ class Engine:
         trees = self.drafter.propose(self, live) if self.drafter is not None else [DraftTree() for _ in live]
         entries = []
         for req, tree in zip(live, trees):
+            if self.pool.table.length(req.req_id) >= self.pool.table.max_context:
+                self._fail(req, f"request reached the slot table's max_context ({self.pool.table.max_context} tokens)")
+                continue
+            tree = self._fitting_tree(req, tree)
             try:
                 slots = self.pool.alloc(1 + len(tree))
             except PoolExhausted as exc:
@@ -225,37 +254,36 @@ class Engine:
             entries.append((req, tree, slots))
         if not entries:
             return
-        mode = "verify" if any(len(t) for _, t, _ in entries) else "decode"
-        tokens, positions, prefix, new, masks = [], [], [], [], []
+        kind = "verify" if any(len(t) for _, t, _ in entries) else "decode"
+        table = self.pool.table
+        step_entries = []
         for req, tree, slots in entries:
-            base = self.pool.table.length(req.req_id)
-            tokens.append([req.tokens[-1]] + tree.tokens)
-            positions.append([base] + [base + d for d in tree.depths()])
-            prefix.append(self.pool.table.device_slots(req.req_id))
-            new.append(slots)
-            masks.append(tree.verify_mask())
-        batch = build_batch(mode, tokens, positions, prefix, new, masks if mode == "verify" else None, device)
-        logits = self.model.forward(batch, self.pool, self.backend)
-        argmax = logits.argmax(dim=-1).tolist()
-        row = 0
-        for req, tree, slots in entries:
-            n = 1 + len(tree)
-            accepted, emitted = accept_greedy(tree, argmax[row : row + n])
-            keep = [slots[0]] + [slots[t + 1] for t in accepted]
-            self.pool.table.append(req.req_id, keep)
+            base = table.length(req.req_id)
+            step_entries.append(StepEntry(
+                table.row(req.req_id), base, slots, [req.tokens[-1]] + tree.tokens,
+                [base] + [base + d for d in tree.depths()],
+                [-1] + [0 if p < 0 else p + 1 for p in tree.parents] if kind == "verify" else None,
+            ))
+        result = self.runner.run(StepBatch(kind, step_entries, accept=True))
+        for b, (req, tree, slots) in enumerate(entries):
+            path = result.path[b]
+            keep = [slots[cell] for cell in path]
+            table.append(req.req_id, keep, on_device=True)  # the step wrote the device row
             kept = set(keep)
             self.pool.free([s for s in slots if s not in kept])
+            accepted = len(path) - 1
             req.verify_steps += 1
-            req.accepted_drafts += len(accepted)
-            self.stats.accepted_drafts += len(accepted)
+            req.accepted_drafts += accepted
+            self.stats.accepted_drafts += accepted
             self.stats.request_steps += 1
+            emitted = [step_entries[b].tokens[cell] for cell in path[1:]] + [result.bonus[b]]
             before = len(req.output)
-            path_rows = None
+            gaps = ties = None
             if self.record_margins:
-                path_rows = logits[[row] + [row + t + 1 for t in accepted]]
-            self._emit(req, emitted, path_rows)
+                gaps = [result.gap[b][cell] for cell in path]
+                ties = [result.near_tie[b][cell] for cell in path]
+            self._emit(req, emitted, gaps, ties)
             self.stats.emitted += len(req.output) - before
-            row += n
         synchronize(device)
         self.stats.step_s += time.perf_counter() - t0
         self.stats.attention_s += self.backend.timer.total_s() if self.profile else 0.0

@@ -1,11 +1,19 @@
 """The KV pool: one latent row per token slot (page_size=1), its allocator and slot table.
 
 Decisions:
-- Slot 0 is never handed out: padding entries of index tensors may point at it safely.
+- Slot 0 is never handed out: padding entries of index tensors (a CUDA graph's padded
+  tokens, the slot table's padding row) point at it safely.
 - Freed slots go on a LIFO stack and are handed out first, so a long run interleaves the
   slots of different requests the way a busy server does (no request stays contiguous).
 - ``alloc(n)`` is all-or-nothing; ``free`` validates every slot before freeing any, so a bad
   call leaves the allocator unchanged.
+- The slot table is SGLang's ``ReqToTokenPool``: one int32 device tensor
+  ``[max_requests + 1, max_context]``, a row per live request holding its slots in position
+  order, row 0 all zeros (graph padding reads it). Its address never changes, so a captured
+  step can build ``kv_indices`` from it on the device; the host keeps the same slots as lists
+  (lengths, freeing) and every change goes to both.
+- Row moves (``KVPool.move_rows``) and slot renames (``SlotTable.remap``) are the primitives a
+  defragmenter composes; each validates everything before it changes anything.
 """
 
 from __future__ import annotations
@@ -15,6 +23,10 @@ import torch
 
 class PoolExhausted(RuntimeError):
     """``alloc(n)`` asked for more slots than are free."""
+
+
+class TableFull(RuntimeError):
+    """The slot table has no free row, or a request would outgrow ``max_context``."""
 
 
 class SlotAllocator:
@@ -36,6 +48,13 @@ class SlotAllocator:
         """Slots that can ever be allocated (num_slots - 1)."""
         return self.num_slots - 1
 
+    def is_free(self, slot: int) -> bool:
+        return bool(self._is_free[slot])
+
+    def free_slots(self) -> list[int]:
+        """The free slots, in the order ``alloc`` would hand them out last-to-first."""
+        return list(self._free)
+
     def alloc(self, n: int) -> list[int]:
         """``n`` free slots, or PoolExhausted and nothing allocated."""
         if n < 0:
@@ -47,8 +66,7 @@ class SlotAllocator:
             self._is_free[s] = 0
         return slots
 
-    def free(self, slots: list[int]) -> None:
-        """Return allocated slots; raises ValueError (freeing nothing) on a double free or a foreign slot."""
+    def _check_owned(self, slots: list[int]) -> None:
         seen = set()
         for s in slots:
             if not isinstance(s, int) or not 0 < s < self.num_slots:
@@ -56,23 +74,59 @@ class SlotAllocator:
             if self._is_free[s] or s in seen:
                 raise ValueError(f"Expected allocated slots, got double free of slot {s}")
             seen.add(s)
+
+    def free(self, slots: list[int]) -> None:
+        """Return allocated slots; raises ValueError (freeing nothing) on a double free or a foreign slot."""
+        self._check_owned(slots)
         for s in slots:
             self._is_free[s] = 1
             self._free.append(s)
+
+    def check_relocate(self, src: list[int], dst: list[int]) -> None:
+        """ValueError unless ``relocate(src, dst)`` is valid: every source allocated, every
+        destination free or vacated by the same call, no slot twice on either side."""
+        if len(src) != len(dst):
+            raise ValueError(f"Expected as many destinations as sources, got {len(dst)} and {len(src)}")
+        self._check_owned(src)
+        vacated, seen = set(src), set()
+        for d in dst:
+            if not isinstance(d, int) or not 0 < d < self.num_slots:
+                raise ValueError(f"Expected destination slots in [1, {self.num_slots - 1}], got {d!r}")
+            if d in seen or not (self._is_free[d] or d in vacated):
+                raise ValueError(f"Expected each destination free or vacated by this move, got slot {d}")
+            seen.add(d)
+
+    def relocate(self, src: list[int], dst: list[int]) -> None:
+        """After rows moved from allocated ``src`` to ``dst`` (pairwise), mark ``dst``
+        allocated and the vacated sources free (a slot may be both: a chain of moves).
+        Validated first (``check_relocate``): a bad call changes nothing."""
+        self.check_relocate(src, dst)
+        freed, taken = set(src) - set(dst), set(dst) - set(src)
+        for s in freed:
+            self._is_free[s] = 1
+        for d in taken:
+            self._is_free[d] = 0
+        if taken:
+            self._free = [s for s in self._free if s not in taken]
+        self._free.extend(sorted(freed, reverse=True))
 
 
 class SlotTable:
     """Request id -> its slots in position order (slot of position p at index p).
 
-    Kept twice: a host list (lengths, freeing) and a device int32 row per request
-    (``device_slots``), grown by doubling, so a step's ``kv_indices`` is a device concatenation
-    instead of a host list of every cached token.
+    rows: int32 [max_requests + 1, max_context] on the pool's device; a live request owns one
+    row (1 ..), row 0 is padding (zeros). Host lists mirror the rows.
     """
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu") -> None:
+        if max_requests < 1 or max_context < 1:
+            raise ValueError(f"Expected max_requests >= 1 and max_context >= 1, got {max_requests} and {max_context}")
         self.device = torch.device(device)
+        self.max_requests, self.max_context = max_requests, max_context
+        self.rows = torch.zeros(max_requests + 1, max_context, dtype=torch.int32, device=self.device)
         self._slots: dict[int, list[int]] = {}
-        self._rows: dict[int, torch.Tensor] = {}
+        self._row: dict[int, int] = {}
+        self._free_rows = list(range(max_requests, 0, -1))
 
     def __contains__(self, req_id: int) -> bool:
         return req_id in self._slots
@@ -83,42 +137,102 @@ class SlotTable:
     def length(self, req_id: int) -> int:
         return len(self._slots.get(req_id, ()))
 
+    def row(self, req_id: int) -> int:
+        """The request's row in ``rows`` (its slots are ``rows[row, :length]``)."""
+        return self._row[req_id]
+
     def device_slots(self, req_id: int) -> torch.Tensor:
         """int32 [L] on the pool's device: the request's slots in position order."""
-        return self._rows[req_id][: len(self._slots[req_id])]
+        return self.rows[self._row[req_id], : len(self._slots[req_id])]
 
-    def append(self, req_id: int, slots: list[int]) -> None:
-        host = self._slots.setdefault(req_id, [])
-        start, end = len(host), len(host) + len(slots)
-        row = self._rows.get(req_id)
-        if row is None or row.numel() < end:
-            grown = torch.empty(max(end, 2 * (0 if row is None else row.numel()), 64), dtype=torch.int32, device=self.device)
-            if row is not None:
-                grown[:start] = row[:start]
-            self._rows[req_id] = row = grown
-        if slots:
-            row[start:end] = torch.tensor(slots, dtype=torch.int32).to(self.device, non_blocking=True)
+    def add(self, req_id: int) -> None:
+        """Give a new request an empty row; TableFull when every row is taken."""
+        if req_id in self._slots:
+            return
+        if not self._free_rows:
+            raise TableFull(f"slot table full: {self.max_requests} requests live; raise max_requests")
+        self._row[req_id] = self._free_rows.pop()
+        self._slots[req_id] = []
+
+    def check_room(self, req_id: int, n: int) -> None:
+        """TableFull unless the request can grow by ``n`` slots."""
+        end = self.length(req_id) + n
+        if end > self.max_context:
+            raise TableFull(f"request {req_id} would hold {end} tokens, over the slot table's max_context {self.max_context}")
+
+    def append(self, req_id: int, slots: list[int], on_device: bool = False) -> None:
+        """Append slots in position order. ``on_device``: the device row was already written
+        (a captured step writes accepted slots itself); only the host list changes."""
+        self.add(req_id)
+        self.check_room(req_id, len(slots))
+        host = self._slots[req_id]
+        if slots and not on_device:
+            start = len(host)
+            row = self.rows[self._row[req_id], start : start + len(slots)]
+            row.copy_(torch.tensor(slots, dtype=torch.int32), non_blocking=True)
         host.extend(slots)
 
     def release(self, req_id: int) -> list[int]:
         """Forget a request; returns its slots (the caller frees them)."""
-        self._rows.pop(req_id, None)
+        row = self._row.pop(req_id, None)
+        if row is not None:
+            self._free_rows.append(row)
         return self._slots.pop(req_id, [])
+
+    def check_remap(self, src: list[int], dst: list[int]) -> dict[int, int]:
+        """ValueError unless every source is a slot of a live request and no slot repeats;
+        returns the mapping source -> destination."""
+        if len(src) != len(dst):
+            raise ValueError(f"Expected as many destinations as sources, got {len(dst)} and {len(src)}")
+        mapping = dict(zip(src, dst))
+        if len(mapping) != len(src) or len(set(dst)) != len(dst):
+            raise ValueError("Expected each source and each destination slot at most once")
+        owned = {s for slots in self._slots.values() for s in slots}
+        missing = [s for s in src if s not in owned]
+        if missing:
+            raise ValueError(f"Expected slots owned by live requests, got unowned slot(s) {missing[:5]}")
+        return mapping
+
+    def remap(self, src: list[int], dst: list[int]) -> list[int]:
+        """Rename slot ``src[i]`` to ``dst[i]`` in every live request (rows moved in the pool).
+        Validated first (``check_remap``); returns the requests changed, whose device rows are
+        rewritten from their host lists."""
+        mapping = self.check_remap(src, dst)
+        changed = [r for r, slots in self._slots.items() if any(s in mapping for s in slots)]
+        for r in changed:
+            new = [mapping.get(s, s) for s in self._slots[r]]
+            self._slots[r] = new
+            self.rows[self._row[r], : len(new)].copy_(torch.tensor(new, dtype=torch.int32), non_blocking=True)
+        return changed
 
     def live_slots(self) -> int:
         return sum(len(s) for s in self._slots.values())
+
+    def requests(self) -> list[int]:
+        return list(self._slots)
 
 
 class KVPool:
     """Latent rows of every layer: ``kv`` [num_layers, num_slots, row_dim] plus allocator and table.
 
     row_dim = kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3): normalized latent, then roped key.
+    max_requests, max_context: the slot table's rows and their width (default: up to 256
+    concurrent requests of up to ``min(num_slots, 262144)`` tokens).
     """
 
-    def __init__(self, num_layers: int, num_slots: int, row_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        self.kv = torch.zeros(num_layers, num_slots, row_dim, dtype=dtype, device=device)
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        row_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_requests: int = 256,
+        max_context: int | None = None,
+    ) -> None:
         self.allocator = SlotAllocator(num_slots)
-        self.table = SlotTable(device)
+        self.kv = torch.zeros(num_layers, num_slots, row_dim, dtype=dtype, device=device)
+        self.table = SlotTable(max_requests, max_context or min(num_slots, 1 << 18), device)
 
     @property
     def num_slots(self) -> int:
@@ -141,6 +255,27 @@ class KVPool:
     def release_request(self, req_id: int) -> None:
         """Free every slot of a request and forget it."""
         self.allocator.free(self.table.release(req_id))
+
+    def copy_rows(self, src: list[int] | torch.Tensor, dst: list[int] | torch.Tensor) -> None:
+        """``kv[:, dst] = kv[:, src]`` over every layer (all sources are read before any
+        destination is written, so overlapping or chained moves are safe)."""
+        src_t = torch.as_tensor(src, dtype=torch.long).to(self.kv.device, non_blocking=True)
+        dst_t = torch.as_tensor(dst, dtype=torch.long).to(self.kv.device, non_blocking=True)
+        if src_t.shape != dst_t.shape:
+            raise ValueError(f"Expected as many destinations as sources, got {dst_t.numel()} and {src_t.numel()}")
+        self.kv[:, dst_t] = self.kv[:, src_t]
+
+    def move_rows(self, src: list[int], dst: list[int]) -> None:
+        """Move live rows ``src[i]`` -> ``dst[i]`` on every layer and rename them in the slot
+        table and the allocator. Both bookkeepers validate before any byte moves, so a bad
+        move leaves rows and bookkeeping unchanged."""
+        self.allocator.check_relocate(src, dst)
+        self.table.check_remap(src, dst)
+        if not src:
+            return
+        self.copy_rows(src, dst)
+        self.table.remap(src, dst)
+        self.allocator.relocate(src, dst)
 
     def leaked_slots(self) -> int:
         """Allocated slots that no request owns (0 when the engine is idle and clean)."""

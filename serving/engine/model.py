@@ -12,6 +12,13 @@ Decisions:
 - MoE routing is transformers' ``DeepseekV3TopkRouter`` (sigmoid scores,
   ``e_score_correction_bias`` for choice only, group-limited top-k, ``norm_topk_prob``,
   ``routed_scaling_factor``) with float32 router math.
+- ``forward`` only queues device work: planning, copies and the rope tables' size are the
+  model runner's job before it, so a decode or verify forward can be captured in a CUDA
+  graph. Its experts therefore run densely (every expert over every row, weighted by a
+  dense routing matrix that is zero where a row did not choose the expert): no host sync,
+  fixed shapes, and it reads every expert's weights once, which a decode batch touching
+  most experts does anyway. Prefill (extend, never captured) groups rows by expert, which
+  needs the expert list on the host (one sync per MoE layer).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from serving.engine.config import ModelConfig
 from serving.engine.kv_pool import KVPool
 from serving.engine.rope import RotaryEmbedding, softmax_scale
 from serving.engine.weights import load_weights
+
+DENSE_EXPERT_ELEMENTS = 1 << 26  # bound on the [experts, rows, 2 * moe_intermediate] temporary of the dense path
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -77,9 +86,14 @@ class DeepseekV3Model:
     def num_layers(self) -> int:
         return self.cfg.num_hidden_layers
 
-    def new_pool(self, num_slots: int, dtype: torch.dtype | None = None) -> KVPool:
-        """A pool with one row of ``latent_dim`` per slot for every layer."""
-        return KVPool(self.num_layers, num_slots, self.cfg.latent_dim, dtype or self.dtype, self.device)
+    def new_pool(self, num_slots: int, dtype: torch.dtype | None = None, max_requests: int = 256,
+                 max_context: int | None = None) -> KVPool:
+        """A pool with one row of ``latent_dim`` per slot for every layer; its slot table holds
+        ``max_requests`` requests of up to ``max_context`` tokens (default: the pool's slots, at
+        most ``max_position_embeddings``)."""
+        context = max_context or min(num_slots, self.cfg.max_position_embeddings)
+        return KVPool(self.num_layers, num_slots, self.cfg.latent_dim, dtype or self.dtype, self.device,
+                      max_requests=max_requests, max_context=context)
 
     # ---- layers -------------------------------------------------------------------------
 
@@ -100,7 +114,7 @@ class DeepseekV3Model:
         roped = self.rope.apply(torch.cat([q[..., nope:], latent[:, None, r:]], dim=1), batch.positions, rope_tables)
         q_nope, q_rope, k_rope = q[..., :nope], roped[:, :heads], roped[:, heads]
         c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
-        pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))  # slots are distinct
+        pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))  # distinct, but padding rows all write slot 0
         if batch.mode == "extend":
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
         else:
@@ -130,15 +144,28 @@ class DeepseekV3Model:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * cfg.routed_scaling_factor, idx
 
-    def _moe(self, x: torch.Tensor, i: int) -> torch.Tensor:
+    def _moe(self, x: torch.Tensor, i: int, grouped: bool) -> torch.Tensor:
+        """Routed experts plus shared ones. ``grouped``: rows gathered per chosen expert (one
+        host sync); else every expert over every row (capture-safe, see the module docstring)."""
         weights, idx = self.route(x, i)
         gate_up, down = self.experts[i]
-        out = torch.zeros_like(x)
-        for e in torch.unique(idx).tolist():
-            token, slot = torch.where(idx == e)
-            gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
+        if grouped:
+            out = torch.zeros_like(x)
+            for e in torch.unique(idx).tolist():
+                token, slot = torch.where(idx == e)
+                gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
+                y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
+                out.index_add_(0, token, y.to(out.dtype))
+        else:
+            dense = torch.zeros(x.shape[0], gate_up.shape[0], dtype=weights.dtype, device=x.device).scatter_(1, idx, weights)
+            out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            group = max(1, DENSE_EXPERT_ELEMENTS // max(1, x.shape[0] * gate_up.shape[1]))
+            for e0 in range(0, gate_up.shape[0], group):
+                e1 = min(gate_up.shape[0], e0 + group)
+                gate, up = torch.matmul(x, gate_up[e0:e1].transpose(1, 2)).chunk(2, dim=-1)  # [G, N, I] each
+                y = torch.bmm(F.silu(gate) * up, down[e0:e1].transpose(1, 2))  # [G, N, hidden]
+                out += (y.float() * dense[:, e0:e1].T[:, :, None]).sum(0)
+            out = out.to(x.dtype)
         if self.cfg.n_shared_experts:
             out = out + self._mlp(x, f"model.layers.{i}.mlp.shared_experts.")
         return out
@@ -153,20 +180,22 @@ class DeepseekV3Model:
     ) -> torch.Tensor:
         """Run the batch; write its latent rows to ``pool``; return float32 logits.
 
+        The attention metadata must be planned (``backend.init_forward_metadata``) and the
+        rope tables must cover the batch's positions (``rope.ensure``) beforehand: this only
+        queues device work (apart from an extend batch's expert grouping).
         logits_rows: int64 [M] rows of the batch to compute logits for (default: all N).
         num_layers: run only the first ``num_layers`` layers (default: all).
         Returns float32 [M, vocab_size].
         """
         cfg = self.cfg
-        backend.init_forward_metadata(batch)
-        self.rope.ensure(batch.max_position + 1)
+        grouped = batch.kind == "extend"
         x = self.w["model.embed_tokens.weight"].index_select(0, batch.input_ids)
         rope_tables = self.rope.tables(batch.positions, x.dtype)
         for i in range(num_layers or cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             x = x + self._attention(rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps), i, batch, pool, backend, rope_tables)
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            x = x + (self._moe(h, i) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
+            x = x + (self._moe(h, i, grouped) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
         if logits_rows is not None:
             x = x[logits_rows]
         x = rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)

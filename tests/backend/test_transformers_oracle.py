@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 
 from serving.engine import DeepseekV3Model, Engine, make_backend
-from serving.engine.batch import build_batch
+from serving.engine.batch import StepBatch, StepEntry
 from tests.backend.hf_models import hf_greedy, load_hf, save_tiny
 
 LOGIT_ATOL = 1e-4
@@ -49,8 +49,7 @@ def test_prefill_logits_match_transformers(checkpoints, variant):
         with torch.no_grad():
             want = hf(torch.tensor([prompt])).logits[0]
         slots = eng.pool.alloc(len(prompt))
-        batch = build_batch("extend", [prompt], [list(range(len(prompt)))], [[]], [slots], None, eng.model.device)
-        got = eng.model.forward(batch, eng.pool, eng.backend)
+        got = eng.runner.extend(StepBatch("extend", [StepEntry(0, 0, slots, prompt, list(range(len(prompt))))]))
         eng.pool.free(slots)
         assert want.std() > 1.0, "logits should be spread (decisive greedy decoding)"
         torch.testing.assert_close(got, want, atol=LOGIT_ATOL, rtol=0)

@@ -1,0 +1,205 @@
+"""The model runner: the seam between the engine and the model (SGLang's ``ModelRunner``).
+
+The engine and the drafters describe a step on the host (``StepBatch``) and get host results
+back (``StepResult``); the runner does the rest in two halves:
+
+- ``prepare``: host-side preparation. Pack the step into one host buffer and copy it to the
+  device (or into a captured bucket's static buffers), plan the attention (one
+  ``MLAVerifyWrapper.plan`` per step), make sure the rope tables cover the positions.
+- ``forward_step``: device work only. Build ``kv_indices`` from the slot table, run the model,
+  take each row's greedy token (and margin, and the drafter's top-k), accept the drafts and
+  write the accepted slots to the slot table. This is what a CUDA graph captures
+  (``serving.graphs``); eager steps run the same function.
+
+Decisions:
+- Prefill (``extend``) is always eager: its shapes follow the prompt.
+- One result read per step: the integer outputs are packed on the device and copied back in
+  one transfer (plus one for the margins), the step's only host sync.
+- A ``graphs`` runner, when given, serves every decode / verify / draft step its buckets
+  hold; anything else (a batch wider than the largest bucket, a backend that cannot be
+  captured, a CPU device) runs eagerly through the same ``forward_step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from serving.engine.accept import greedy_accept, row_outputs, write_accepted_slots
+from serving.engine.attention import AttentionBackend
+from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout, forward_batch
+from serving.engine.kv_indices import build_kv_indices
+from serving.engine.kv_pool import KVPool
+from serving.engine.model import DeepseekV3Model
+from serving.engine.tree import MAX_VERIFY_TOKENS
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step computes besides the forward (fixed for a captured graph)."""
+
+    kind: str
+    num_layers: int | None
+    width: int
+    topk: int
+    accept: bool
+
+    @staticmethod
+    def of(step: StepBatch, width: int | None = None) -> "StepShape":
+        return StepShape(step.kind, step.num_layers, width or step.max_tokens, step.topk, step.accept)
+
+
+@dataclass
+class StepResult:
+    """Host results of a decode / verify / draft step, per entry.
+
+    pred: the target's greedy token after each new token. gap, near_tie: each row's top-two
+    logit gap and whether it is under one bf16 ulp. topk: each row's top-k ids (drafter).
+    n_accepted, path, bonus (``accept``): accepted drafts, the accepted cells in path order
+    (root first, then the accepted drafts: indices into the entry's tokens) and the token
+    after the last one.
+    """
+
+    pred: list[list[int]]
+    gap: list[list[float]]
+    near_tie: list[list[bool]]
+    topk: list[list[list[int]]] | None = None
+    n_accepted: list[int] | None = None
+    path: list[list[int]] | None = None
+    bonus: list[int] | None = None
+
+
+def pack_outputs(outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int64 [pred | n_accepted | bonus | order | topk | near_tie], float32 gap) on the device."""
+    ints = [outputs["pred"]]
+    for name in ("n_accepted", "bonus", "order", "topk"):
+        if name in outputs:
+            ints.append(outputs[name].reshape(-1))
+    if "near_tie" in outputs:
+        ints.append(outputs["near_tie"].to(torch.int64))
+    gap = outputs.get("gap", torch.zeros_like(outputs["pred"], dtype=torch.float32))
+    return torch.cat(ints), gap.float()
+
+
+def unpack_outputs(ints: torch.Tensor, gap: torch.Tensor, step: StepBatch, shape: StepShape, rows: int, batch: int) -> StepResult:
+    """Host ``StepResult`` from ``pack_outputs``' tensors (on the CPU) of a step padded to
+    ``rows`` tokens and ``batch`` entries."""
+    values = ints.tolist()
+    gaps = gap.tolist()
+    at = 0
+
+    def take(n: int) -> list[int]:
+        nonlocal at
+        at += n
+        return values[at - n : at]
+
+    pred_all = take(rows)
+    n_acc = bonus = order = topk = None
+    if shape.accept:
+        n_acc, bonus, order = take(batch), take(batch), take(batch * shape.width)
+    if shape.topk:
+        topk = take(rows * shape.topk)
+    ties = take(rows) if len(values) > at else [0] * rows
+    result = StepResult([], [], [])
+    if shape.topk:
+        result.topk = []
+    if shape.accept:
+        result.n_accepted, result.path, result.bonus = [], [], []
+    start = 0
+    for b, e in enumerate(step.entries):
+        t = e.num_tokens
+        result.pred.append(pred_all[start : start + t])
+        result.gap.append(gaps[start : start + t])
+        result.near_tie.append([bool(x) for x in ties[start : start + t]])
+        if shape.topk:
+            result.topk.append([topk[(start + i) * shape.topk : (start + i + 1) * shape.topk] for i in range(t)])
+        if shape.accept:
+            result.n_accepted.append(n_acc[b])
+            result.path.append(order[b * shape.width : b * shape.width + n_acc[b] + 1])
+            result.bonus.append(bonus[b])
+        start += t
+    return result
+
+
+class ModelRunner:
+    """Runs steps of ``model`` over ``pool`` with ``backend``; ``graphs`` (optional, from
+    ``serving.graphs``) replays captured steps where it can."""
+
+    def __init__(self, model: DeepseekV3Model, pool: KVPool, backend: AttentionBackend) -> None:
+        self.model, self.pool, self.backend = model, pool, backend
+        self.device = model.device
+        self.graphs = None
+        # Tables for every position a request can reach, once: a captured step cannot grow them.
+        model.rope.ensure(pool.table.max_context + MAX_VERIFY_TOKENS)
+
+    # ---- host side -----------------------------------------------------------------------
+
+    def prepare(self, step: StepBatch, packed: PackedStep | None = None, device_buffer: torch.Tensor | None = None,
+                kv_indices: torch.Tensor | None = None) -> ForwardBatch:
+        """Pack ``step`` and copy it to the device: into ``packed`` / ``device_buffer`` /
+        ``kv_indices`` (a bucket's static buffers) or new exact-size ones. Returns the batch
+        whose device fields the forward reads. One host-to-device copy; no sync."""
+        if packed is None:
+            layout = StepLayout.exact(step)
+            packed = PackedStep.allocate(layout, pin=self.device.type == "cuda")
+            packed.fill(step)
+            device_buffer = packed.host.to(self.device, non_blocking=True)
+            kv_indices = torch.empty(max(1, layout.kv), dtype=torch.int32, device=self.device)
+        else:
+            packed.fill(step)
+            device_buffer.copy_(packed.host, non_blocking=True)
+        self.model.rope.ensure(max(max(e.positions) for e in step.entries) + 1)  # host only; a no-op in range
+        batch = forward_batch(step, packed.views(device_buffer), kv_indices)
+        if self.device.type != "cuda":
+            build_kv_indices(self.pool.table.rows, batch.fields["rows"], batch.fields["prefix_lens"], batch.kv_indptr,
+                             batch.fields["tail_indptr"], batch.fields["tails"], kv_indices,
+                             host=([e.row for e in step.entries], [e.prefix_len for e in step.entries],
+                                   [len(e.tail) for e in step.entries]))
+        return batch
+
+    # ---- device side ---------------------------------------------------------------------
+
+    def forward_step(self, batch: ForwardBatch, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device half of a decode / verify / draft step (capturable on CUDA): returns
+        ``pack_outputs``' tensors."""
+        f = batch.fields
+        if self.device.type == "cuda":
+            build_kv_indices(self.pool.table.rows, f["rows"], f["prefix_lens"], batch.kv_indptr, f["tail_indptr"],
+                             f["tails"], batch.kv_indices)
+        logits = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers)
+        outputs = row_outputs(logits, shape.topk)
+        if shape.accept:
+            outputs.update(greedy_accept(outputs["pred"], f, shape.width))
+            write_accepted_slots(self.pool.table.rows, f, outputs["order"], outputs["n_accepted"], shape.width)
+        return pack_outputs(outputs)
+
+    # ---- steps ---------------------------------------------------------------------------
+
+    def run(self, step: StepBatch) -> StepResult:
+        """A decode, verify or draft step; graph replay where a captured bucket holds it."""
+        if step.kind == "extend":
+            raise ValueError("Expected a decode or verify step, got an extend step (use extend())")
+        if self.graphs is not None:
+            result = self.graphs.try_replay(step)
+            if result is not None:
+                return result
+        shape = StepShape.of(step)
+        batch = self.prepare(step)
+        self.backend.init_forward_metadata(batch)
+        ints, gap = self.forward_step(batch, shape)
+        return unpack_outputs(ints.cpu(), gap.cpu(), step, shape, batch.num_tokens, batch.batch_size)
+
+    def extend(self, step: StepBatch) -> torch.Tensor | None:
+        """A prefill step (eager); returns float32 logits of ``step.logits_rows`` (None: none asked)."""
+        if step.kind != "extend":
+            raise ValueError(f"Expected an extend step, got {step.kind!r}")
+        batch = self.prepare(step)
+        if self.device.type == "cuda":
+            f = batch.fields
+            build_kv_indices(self.pool.table.rows, f["rows"], f["prefix_lens"], batch.kv_indptr, f["tail_indptr"],
+                             f["tails"], batch.kv_indices)
+        self.backend.init_forward_metadata(batch)
+        rows = step.logits_rows
+        index = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+        return self.model.forward(batch, self.pool, self.backend, logits_rows=index)
