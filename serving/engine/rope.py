@@ -79,6 +79,11 @@ class RotaryEmbedding:
         self._cos = freqs.cos() * self.attention_factor
         self._sin = freqs.sin() * self.attention_factor
 
+    @property
+    def size(self) -> int:
+        """Positions the tables cover (``[0, size)``)."""
+        return self._cos.shape[0]
+
     def ensure(self, length: int) -> None:
         """Make the tables cover positions ``[0, length)`` (host-side, no device sync)."""
         if length > self._cos.shape[0]:

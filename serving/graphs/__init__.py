@@ -1,0 +1,13 @@
+"""Phase ``cudagraph``: the engine's decode / verify / draft steps captured in CUDA graphs.
+
+``CudaGraphRunner`` captures ``ModelRunner.forward_step`` once per bucket (batch size x widest
+entry) into static buffers and replays it with new lengths, trees and slots (re-planned, never
+recaptured); ``buckets`` holds the pure part (which steps a bucket serves, its buffer sizes,
+padding), tested on the CPU.
+"""
+
+from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, StepFamily, families_for
+from serving.graphs.runner import CaptureReport, CudaGraphRunner, enable_cuda_graphs
+
+__all__ = ["DEFAULT_BATCH_SIZES", "GraphKey", "StepFamily", "families_for", "CaptureReport", "CudaGraphRunner",
+           "enable_cuda_graphs"]

@@ -1,0 +1,106 @@
+"""Which steps a captured graph serves, and the sizes of its static buffers (pure; no device).
+
+A *family* is a kind of step an engine issues, with what it computes fixed (``StepShape``):
+the target's decode step, its verify step of at most ``width`` tokens per entry, and a
+layer-skip drafter's two step kinds. A *key* is a family at one bucket batch size: one graph.
+A step runs on the smallest captured bucket of its family that holds it, padded (see
+``serving.engine.batch``); a step no bucket holds runs eagerly.
+
+Decisions:
+- Buckets are batch sizes (SGLang's ``cuda_graph_bs``: 1, 2, 4, ..., 256 by default); the
+  width of a family is fixed by its drafter (``1 + width * depth`` tokens for a tree), so one
+  graph per (family, batch size) covers every tree the drafter can propose.
+- Static sizes are upper bounds that hold for any lengths: tails are per-entry bounds, and
+  ``kv_indices`` holds every live slot once per copy a family reads (a drafter's chains each
+  read their request's whole prefix), capped by ``batch * max_context``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serving.engine.batch import StepBatch, StepEntry, StepLayout
+from serving.engine.model_runner import StepShape
+from serving.engine.tree import MAX_VERIFY_TOKENS
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class StepFamily:
+    """A kind of step: its shape, the tail slots per entry at most, and how many times a step
+    may read each live slot (``copies``)."""
+
+    name: str
+    shape: StepShape
+    tail: int
+    copies: int = 1
+
+    def serves(self, step: StepBatch) -> bool:
+        return (step.kind, step.num_layers, step.topk, step.accept) == (
+            self.shape.kind, self.shape.num_layers, self.shape.topk, self.shape.accept
+        ) and step.max_tokens <= self.shape.width and max(len(e.tail) for e in step.entries) <= self.tail
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """One captured graph: a family at a bucket batch size."""
+
+    family: StepFamily
+    batch: int
+
+    def layout(self, pool_slots: int, max_context: int) -> StepLayout:
+        w = self.family.shape.width
+        tails = self.batch * self.family.tail
+        kv = min(self.batch * max_context, self.family.copies * pool_slots) + tails
+        return StepLayout(batch=self.batch, tokens=self.batch * w, tails=tails, mask=self.batch * w * w, width=w, kv=kv)
+
+    def describe(self) -> str:
+        return f"{self.family.name}[b{self.batch}]"
+
+
+def families_for(drafter, num_layers: int) -> list[StepFamily]:
+    """The step families an engine with ``drafter`` issues (``serving.engine.drafters``)."""
+    from serving.engine.drafters import LayerSkipDrafter, NgramDrafter
+
+    out = [StepFamily("decode", StepShape("decode", None, 1, 0, True), tail=1)]
+    if drafter is None:
+        return out
+    if isinstance(drafter, (LayerSkipDrafter, NgramDrafter)):
+        width = 1 + min(drafter.width * drafter.depth, MAX_VERIFY_TOKENS - 1)
+    else:
+        width = MAX_VERIFY_TOKENS
+    out.append(StepFamily("verify", StepShape("verify", None, width, 0, True), tail=width))
+    if isinstance(drafter, LayerSkipDrafter):
+        layers = min(drafter.layers, num_layers)
+        out.append(StepFamily("draft-first", StepShape("decode", layers, 1, drafter.width, False), tail=1))
+        out.append(StepFamily("draft", StepShape("decode", layers, 1, 0, False), tail=drafter.depth,
+                              copies=drafter.width))
+    return out
+
+
+def keys_for(families: list[StepFamily], batch_sizes=DEFAULT_BATCH_SIZES) -> list[GraphKey]:
+    """Every (family, batch size), the largest first (capture order: later graphs reuse the
+    memory pool the larger ones grew)."""
+    keys = [GraphKey(f, b) for f in families for b in sorted(set(batch_sizes))]
+    return sorted(keys, key=lambda k: -k.batch * k.family.shape.width)
+
+
+def key_for(step: StepBatch, keys: list[GraphKey], pool_slots: int, max_context: int) -> GraphKey | None:
+    """The smallest captured key that serves ``step`` (None: run it eagerly)."""
+    best = None
+    for key in keys:
+        if key.batch >= step.batch_size and key.family.serves(step) and key.layout(pool_slots, max_context).holds(step):
+            if best is None or key.batch < best.batch:
+                best = key
+    return best
+
+
+def placeholder_step(key: GraphKey) -> StepBatch:
+    """The step a graph is captured with: ``key.batch`` entries of ``width`` tokens on the
+    padding row and slot 0 (so capture writes nothing live), as wide as the bucket allows."""
+    shape = key.family.shape
+    w = shape.width
+    parents = [-1] + [t - 1 for t in range(1, w)] if shape.kind == "verify" else None
+    entries = [StepEntry(0, 0, [0] * max(w, key.family.tail), [0] * w, list(range(w)), parents) for _ in range(key.batch)]
+    return StepBatch(shape.kind, entries, num_layers=shape.num_layers, topk=shape.topk, accept=shape.accept)

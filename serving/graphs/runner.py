@@ -1,0 +1,171 @@
+"""CUDA-graph capture and replay of the engine's steps (SGLang's ``CudaGraphRunner``).
+
+Per key (a step family at a bucket batch size, ``serving.graphs.buckets``): a pinned host
+buffer and a device buffer in the bucket's fixed layout, an attention wrapper with its own
+workspace (``init_forward_metadata_capture_cuda_graph``), and one graph of
+``ModelRunner.forward_step`` captured over them. A replay packs the real step into the same
+buffers (padding the rest), re-plans the attention into the same workspace, replays, and reads
+the packed results back: one copy in, one plan upload, one replay, one copy out.
+
+Decisions:
+- Everything is captured before the first request (``capture``): the first step's kernels
+  are compiled during capture's warm-up, so a user's first request runs as fast as the second.
+  ``CaptureReport`` says how long it took and how much memory each bucket holds.
+- All graphs share one memory pool and one ``kv_indices`` buffer (one graph runs at a time),
+  captured largest first so smaller graphs reuse the pool's blocks.
+- Capture runs on the padding row and slot 0: nothing live is read or written.
+- Without CUDA (``capture_graphs=False``, the CPU tests) every piece but the capture runs:
+  static buffers, bucket choice, padding and re-planning, with ``forward_step`` run eagerly
+  over the static buffers where a replay would be.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
+from serving.engine.model_runner import ModelRunner, StepResult, unpack_outputs
+from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, families_for, key_for, keys_for, placeholder_step
+
+
+@dataclass
+class Captured:
+    """One captured graph and the static buffers it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph | None
+    layout: StepLayout
+    packed: PackedStep
+    device_buffer: torch.Tensor
+    batch: ForwardBatch
+    outputs: tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class CaptureReport:
+    """What capture cost: seconds in all and per key, and device bytes per key (the memory pool's
+    growth while capturing it plus its static buffers and attention workspace)."""
+
+    seconds: float = 0.0
+    per_key: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(v["bytes"] for v in self.per_key.values())
+
+    def table(self) -> str:
+        lines = ["| graph | capture s | memory MiB |", "|---|---|---|"]
+        lines += [f"| {k} | {v['seconds']:.2f} | {v['bytes'] / 2**20:.1f} |" for k, v in self.per_key.items()]
+        return "\n".join(lines)
+
+
+class CudaGraphRunner:
+    """Captured steps for one ``ModelRunner``; ``try_replay(step)`` serves what a bucket holds."""
+
+    def __init__(self, runner: ModelRunner, keys: list[GraphKey], capture_graphs: bool = True) -> None:
+        if capture_graphs and runner.device.type != "cuda":
+            raise ValueError(f"Expected a CUDA device for CUDA graphs, got {runner.device}")
+        if not runner.backend.supports_cuda_graph:
+            raise ValueError(f"Expected an attention backend that can be captured, got {runner.backend.name!r}")
+        self.runner = runner
+        self.keys = keys
+        self.graphs: dict[GraphKey, Captured] = {}
+        pool = runner.pool
+        self._sizes = (pool.num_slots, pool.table.max_context)
+        kv = max(k.layout(*self._sizes).kv for k in keys)
+        self.kv_indices = torch.zeros(kv, dtype=torch.int32, device=runner.device)
+        self._pool = None
+        self.capture_graphs = capture_graphs
+        self.replays = 0
+        self.eager_steps = 0
+
+    def capture(self) -> CaptureReport:
+        """Capture every key (largest first); returns the cost."""
+        report = CaptureReport()
+        start = time.perf_counter()
+        backend = self.runner.backend
+        backend.init_cuda_graph_state(max(k.batch for k in self.keys), max(k.batch * k.family.shape.width for k in self.keys))
+        cuda = self.runner.device.type == "cuda"
+        self._pool = torch.cuda.graph_pool_handle() if self.capture_graphs else None
+        for key in self.keys:
+            t0 = time.perf_counter()
+            before = torch.cuda.memory_reserved(self.runner.device) if cuda else 0
+            self.graphs[key] = self._capture(key)
+            if cuda:
+                torch.cuda.synchronize(self.runner.device)
+            report.per_key[key.describe()] = {
+                "seconds": time.perf_counter() - t0,
+                "bytes": (torch.cuda.memory_reserved(self.runner.device) - before) if cuda else 0,
+                "workspace_bytes": backend.graph_workspace_bytes().get(key, 0),
+                "static_bytes": self.graphs[key].device_buffer.numel() * 8,
+            }
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _capture(self, key: GraphKey) -> Captured:
+        layout = key.layout(*self._sizes)
+        packed = PackedStep.allocate(layout, pin=self.runner.device.type == "cuda")
+        device_buffer = torch.zeros_like(packed.host, device=self.runner.device)
+        step = placeholder_step(key)
+        batch = self.runner.prepare(step, packed, device_buffer, self.kv_indices)
+        self.runner.backend.init_forward_metadata_capture_cuda_graph(key, key.batch, key.family.shape.width, batch)
+        shape = key.family.shape
+        if not self.capture_graphs:
+            return Captured(None, layout, packed, device_buffer, batch, self.runner.forward_step(batch, shape))
+        side = torch.cuda.Stream(self.runner.device)
+        side.wait_stream(torch.cuda.current_stream(self.runner.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile and settle every kernel the step launches
+                self.runner.forward_step(batch, shape)
+        torch.cuda.current_stream(self.runner.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.runner.forward_step(batch, shape)
+        return Captured(graph, layout, packed, device_buffer, batch, outputs)
+
+    def key_for(self, step: StepBatch) -> GraphKey | None:
+        if max(max(e.positions) for e in step.entries) >= self.runner.model.rope.size:
+            return None  # past the rope tables the graphs read (a growth would move them)
+        return key_for(step, [k for k in self.keys if k in self.graphs], *self._sizes)
+
+    def replay_into(self, step: StepBatch, key: GraphKey) -> Captured:
+        """Host side and replay of ``step`` on ``key``'s graph, without reading the results (no
+        host sync: the replay gate checks this under ``torch.cuda.set_sync_debug_mode``)."""
+        cap = self.graphs[key]
+        batch = self.runner.prepare(step, cap.packed, cap.device_buffer, self.kv_indices)
+        self.runner.backend.init_forward_metadata_replay_cuda_graph(key, batch)
+        if cap.graph is None:
+            cap.outputs = self.runner.forward_step(cap.batch, key.family.shape)
+        else:
+            cap.graph.replay()
+        self.replays += 1
+        return cap
+
+    def read(self, step: StepBatch, key: GraphKey) -> StepResult:
+        cap = self.graphs[key]
+        ints, gap = cap.outputs
+        return unpack_outputs(ints.cpu(), gap.cpu(), step, key.family.shape, cap.layout.tokens, cap.layout.batch)
+
+    def try_replay(self, step: StepBatch) -> StepResult | None:
+        """Replay ``step`` on its bucket's graph and return the results; None when no captured
+        bucket holds it (the caller runs it eagerly)."""
+        key = self.key_for(step)
+        if key is None:
+            self.eager_steps += 1
+            return None
+        self.replay_into(step, key)
+        return self.read(step, key)
+
+
+def enable_cuda_graphs(engine, batch_sizes=DEFAULT_BATCH_SIZES, capture_graphs: bool = True) -> CaptureReport:
+    """Capture every step ``engine`` can issue (its drafter's included) at ``batch_sizes`` and
+    make its model runner replay them; returns the capture report. ``capture_graphs=False``:
+    static buffers and re-planning without capture (CPU)."""
+    runner = engine.runner
+    keys = keys_for(families_for(engine.drafter, engine.model.num_layers), batch_sizes)
+    graphs = CudaGraphRunner(runner, keys, capture_graphs)
+    report = graphs.capture()
+    runner.graphs = graphs
+    return report
