@@ -17,9 +17,16 @@ def pick_device(device: str | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def make_engine(model: DeepseekV3Model, pool: KVPool, backend: str, speculate: str | None, **kwargs) -> Engine:
+def make_engine(model: DeepseekV3Model, pool: KVPool, backend: str, speculate: str | None, cuda_graphs: bool = False,
+                graph_batch_sizes=None, **kwargs) -> Engine:
+    """An engine over ``pool``; ``cuda_graphs``: capture its steps first (kernel backend, CUDA)."""
     be = make_backend(backend, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    return Engine(model, pool, be, parse_speculate(speculate), **kwargs)
+    engine = Engine(model, pool, be, parse_speculate(speculate), **kwargs)
+    if cuda_graphs:
+        from serving.graphs import DEFAULT_BATCH_SIZES, enable_cuda_graphs
+
+        engine.capture_report = enable_cuda_graphs(engine, graph_batch_sizes or DEFAULT_BATCH_SIZES)
+    return engine
 
 
 class SharedContext:

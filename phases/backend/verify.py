@@ -34,6 +34,7 @@ import time
 import torch
 
 from phases.backend.common import DTYPES, SharedContext, make_engine, pick_device
+from serving.engine.drafters import parse_speculate
 from serving.engine.engine import Request
 from serving.engine.kv_pool import PoolExhausted
 from serving.engine.random_models import random_model
@@ -45,6 +46,14 @@ except ImportError:  # the gate also runs where the runner is not importable
     gatekit = None
 
 RUNS = (("reference", None), ("reference", "spec"), ("kernel", "spec"))
+
+
+def graph_sizes(requests: int, speculate: str) -> tuple[int, ...]:
+    """Buckets for a group of ``requests``: powers of two up to what its steps need (a
+    drafter's chain steps carry ``requests * width`` entries)."""
+    width = parse_speculate(speculate).width if speculate else 1
+    top = requests * width
+    return tuple(1 << i for i in range(max(1, top - 1).bit_length() + 1))
 
 
 def compare(ref: Request, got: Request) -> tuple[int, int]:
@@ -69,8 +78,10 @@ def run(
     prefill_chunk: int = 8192,
     device: str | None = None,
     seed: int = 0,
+    cuda_graphs: bool = False,
 ) -> dict:
-    """Run the gate; returns its scalar metrics (see the module docstring)."""
+    """Run the gate; returns its scalar metrics (see the module docstring). ``cuda_graphs``: the
+    kernel-backend run replays its steps from CUDA graphs (phase ``cudagraph``'s check)."""
     dev = pick_device(device)
     model = random_model(preset, dev, DTYPES[dtype], seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -93,7 +104,8 @@ def run(
         outputs, seconds = [], []
         for backend, spec in RUNS:
             engine = make_engine(model, pool, backend, speculate if spec else None, prefill_chunk=prefill_chunk,
-                                 record_margins=spec is None)
+                                 record_margins=spec is None, cuda_graphs=cuda_graphs and backend == "kernel",
+                                 graph_batch_sizes=graph_sizes(len(members), speculate))
             reqs = []
             for suffix in suffixes:
                 if shared is None:

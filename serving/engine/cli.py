@@ -23,6 +23,7 @@ from serving.engine.drafters import parse_speculate
 from serving.engine.engine import Engine
 from serving.engine.model import DeepseekV3Model
 from serving.engine.random_models import PRESETS, random_model
+from serving.engine.tree import MAX_VERIFY_TOKENS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -60,7 +61,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefill-chunk", type=int, default=8192)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay decode / verify steps from CUDA graphs captured before the first request "
+                        "(default: on with the kernel backend on CUDA)")
+    g.add_argument("--graph-batch-sizes", default=None, help="comma-separated batch sizes to capture (default 1,2,4,...,256)")
     return parser
+
+
+def graph_batch_sizes(text: str | None, entries: int) -> tuple[int, ...]:
+    """The buckets to capture: ``text`` (comma-separated), else the default ones up to the first
+    that holds ``entries`` (the widest step this run can issue)."""
+    from serving.graphs import DEFAULT_BATCH_SIZES
+
+    if text is None:
+        fits = [b for b in DEFAULT_BATCH_SIZES if b >= entries]
+        return tuple(b for b in DEFAULT_BATCH_SIZES if b < entries) + tuple(fits[:1])
+    parts = text.replace(",", " ").split()
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"Expected --graph-batch-sizes as positive integers like '1,2,4,8', got {text!r}")
+    return tuple(sorted({int(p) for p in parts}))
 
 
 def generate(args: argparse.Namespace) -> dict:
@@ -75,9 +94,21 @@ def generate(args: argparse.Namespace) -> dict:
         raise ValueError("Expected at least one --prompt or --random-prompt, got none")
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = args.pool_slots or sum(len(p) + args.max_new_tokens + 64 for p in prompts) + 4096
-    pool = model.new_pool(slots, pool_dtype)
+    graphs = args.cuda_graphs if args.cuda_graphs is not None else (device.type == "cuda" and backend_name == "kernel")
+    if graphs and (device.type != "cuda" or backend_name != "kernel"):
+        raise ValueError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
+    drafter = parse_speculate(args.speculate)
+    sizes = graph_batch_sizes(args.graph_batch_sizes, len(prompts) * getattr(drafter, "width", 1))
+    context = max(len(p) for p in prompts) + args.max_new_tokens + 2 * MAX_VERIFY_TOKENS
+    pool = model.new_pool(slots, pool_dtype, max_requests=len(prompts), max_context=min(context, slots))
     backend = make_backend(backend_name, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    engine = Engine(model, pool, backend, parse_speculate(args.speculate), prefill_chunk=args.prefill_chunk, profile=True)
+    engine = Engine(model, pool, backend, drafter, prefill_chunk=args.prefill_chunk, profile=not graphs)
+    warmup_s, graph_bytes = 0.0, 0
+    if graphs:
+        from serving.graphs import enable_cuda_graphs
+
+        report = enable_cuda_graphs(engine, sizes)
+        warmup_s, graph_bytes = report.seconds, report.total_bytes
     requests = [engine.add_request(p, args.max_new_tokens) for p in prompts]
     longest = max(len(p) for p in prompts)
     t0 = time.perf_counter()
@@ -105,7 +136,11 @@ def generate(args: argparse.Namespace) -> dict:
         "decode_tokens_per_s": s.tokens_per_s,
         "steps": s.steps,
         "accepted_drafts_per_step": s.accepted_per_step,
-        "attention_share": s.attention_share,
+        "attention_share": s.attention_share if engine.profile else None,
+        "cuda_graphs": graphs,
+        "warmup_s": warmup_s,
+        "graph_memory_mib": graph_bytes / 2**20,
+        "graph_replays": engine.runner.graphs.replays if engine.runner.graphs else 0,
         "wall_s": time.perf_counter() - t0,
         "leaked_slots": pool.leaked_slots(),
     }
@@ -124,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     for i, r in enumerate(result["requests"]):
         status = f"error: {r['error']}" if r["error"] else " ".join(map(str, r["output"]))
         print(f"[{i}] ({r['prompt_tokens']} prompt tokens) {status}")
+    share = "" if result["attention_share"] is None else f"attention {100 * result['attention_share']:.0f}% of a step, "
+    graphs = (f", CUDA graphs captured in {result['warmup_s']:.1f} s ({result['graph_memory_mib']:.0f} MiB)"
+              if result["cuda_graphs"] else ", no CUDA graphs")
     print(
         f"backend {result['backend']} on {result['device']}: decode {result['decode_tokens_per_s']:.1f} tokens/s over "
         f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step, "
-        f"attention {100 * result['attention_share']:.0f}% of a step, prefill {result['prefill_tokens_per_s']:.0f} tokens/s"
+        f"{share}prefill {result['prefill_tokens_per_s']:.0f} tokens/s{graphs}"
     )
     return 0

@@ -66,6 +66,14 @@ class SlotAllocator:
             self._is_free[s] = 0
         return slots
 
+    def take(self, slots: list[int]) -> None:
+        """Allocate exactly ``slots`` (all free, none twice), or ValueError and nothing allocated."""
+        if len(set(slots)) != len(slots) or not all(isinstance(s, int) and 0 < s < self.num_slots and self._is_free[s] for s in slots):
+            raise ValueError(f"Expected distinct free slots in [1, {self.num_slots - 1}], got {slots[:8]}{'...' if len(slots) > 8 else ''}")
+        for s in slots:
+            self._is_free[s] = 0
+        self._free = [s for s in self._free if self._is_free[s]]
+
     def _check_owned(self, slots: list[int]) -> None:
         seen = set()
         for s in slots:

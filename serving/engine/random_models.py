@@ -2,12 +2,17 @@
 
 Presets: ``tiny`` (CPU and Triton's interpreter: 48-wide latent rows, 2 layers, one MoE
 layer), ``gpu-h16`` and ``gpu-h128`` (576-wide latent rows as in DeepSeek-V3, 16 and 128
-heads, q LoRA, yarn rope).
+heads, q LoRA, yarn rope), and ``dsv3-tp8`` (one tensor-parallel rank of DeepSeek-V3 under
+TP=8: 61 layers, hidden 7168, 16 of its 128 heads, q LoRA 1536, kv LoRA 512, its MLP width
+split eight ways as a dense MLP of 2304, a 32000-token vocabulary: 11.4 GB of bf16 weights).
 
 Decisions:
 - Projections are drawn with unit gain (std 1/sqrt(fan_in)) so attention moves the residual
   stream, and the head is scaled so logits spread by a few units: a random model with
   near-flat logits would make greedy decoding a coin toss under any rounding difference.
+- Models of more than ``DEVICE_DRAW_PARAMS`` parameters are drawn on their device (seeded per
+  tensor), not on the CPU in float32: ``dsv3-tp8`` would need 23 GB of host memory and minutes.
+  Their weights then depend on the device type as well as the seed.
 """
 
 from __future__ import annotations
@@ -36,6 +41,13 @@ PRESETS: dict[str, dict] = {
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
                              mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
     ),
+    "dsv3-tp8": dict(
+        vocab_size=32000, hidden_size=7168, intermediate_size=2304, moe_intermediate_size=2048, num_hidden_layers=61,
+        num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=61, max_position_embeddings=262144,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
+                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+    ),
     "gpu-h128": dict(
         vocab_size=32000, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
@@ -46,6 +58,7 @@ PRESETS: dict[str, dict] = {
 }
 
 LOGIT_SPREAD = 4.0  # std of a random model's logits
+DEVICE_DRAW_PARAMS = 1 << 30
 
 
 def preset_config(name: str, **overrides) -> ModelConfig:
@@ -56,27 +69,38 @@ def preset_config(name: str, **overrides) -> ModelConfig:
     return ModelConfig.from_dict({k: v for k, v in raw.items() if v is not None or k == "q_lora_rank"})
 
 
+def _draw(name: str, shape: tuple[int, ...], gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """One seeded float32 tensor of ``random_weights``' distribution for ``name``."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, device=device)
+    if name.endswith("e_score_correction_bias") or name.endswith(".bias"):
+        return torch.randn(shape, generator=gen, device=device) * 0.01
+    if name == "model.embed_tokens.weight":
+        return torch.randn(shape, generator=gen, device=device)
+    if name == "lm_head.weight":
+        return torch.randn(shape, generator=gen, device=device) * (LOGIT_SPREAD / math.sqrt(shape[1]))
+    return torch.randn(shape, generator=gen, device=device) / math.sqrt(shape[-1])
+
+
 def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """float32 CPU tensors for every name of ``expected_shapes(cfg)``."""
     gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in expected_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            out[name] = torch.ones(shape)
-        elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
-            out[name] = torch.randn(shape, generator=gen) * 0.01
-        elif name == "model.embed_tokens.weight":
-            out[name] = torch.randn(shape, generator=gen)
-        elif name == "lm_head.weight":
-            out[name] = torch.randn(shape, generator=gen) * (LOGIT_SPREAD / math.sqrt(shape[1]))
-        else:
-            out[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
-    return out
+    return {name: _draw(name, shape, gen, torch.device("cpu")) for name, shape in expected_shapes(cfg).items()}
+
+
+def _keeps_fp32(name: str) -> bool:
+    return name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
 
 
 def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> DeepseekV3Model:
     """A seeded random model of preset ``name`` (config fields may be overridden)."""
     cfg = preset_config(name, **overrides)
-    weights = {k: v.to(device=device, dtype=torch.float32 if k.endswith("mlp.gate.weight") or k.endswith("e_score_correction_bias") else dtype)
-               for k, v in random_weights(cfg, seed).items()}
+    device = torch.device(device)
+    shapes = expected_shapes(cfg)
+    if sum(math.prod(s) for s in shapes.values()) > DEVICE_DRAW_PARAMS and device.type == "cuda":
+        gen = torch.Generator(device=device).manual_seed(seed)
+        weights = {k: _draw(k, s, gen, device).to(torch.float32 if _keeps_fp32(k) else dtype) for k, s in shapes.items()}
+    else:
+        weights = {k: v.to(device=device, dtype=torch.float32 if _keeps_fp32(k) else dtype)
+                   for k, v in random_weights(cfg, seed).items()}
     return DeepseekV3Model(cfg, weights, device, dtype)

@@ -68,8 +68,8 @@ def families_for(drafter, num_layers: int) -> list[StepFamily]:
         return out
     if isinstance(drafter, (LayerSkipDrafter, NgramDrafter)):
         width = 1 + min(drafter.width * drafter.depth, MAX_VERIFY_TOKENS - 1)
-    else:
-        width = MAX_VERIFY_TOKENS
+    else:  # any other drafter: as wide as it declares, else the kernel's limit
+        width = 1 + min(getattr(drafter, "max_drafts", MAX_VERIFY_TOKENS - 1), MAX_VERIFY_TOKENS - 1)
     out.append(StepFamily("verify", StepShape("verify", None, width, 0, True), tail=width))
     if isinstance(drafter, LayerSkipDrafter):
         layers = min(drafter.layers, num_layers)

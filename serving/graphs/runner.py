@@ -80,6 +80,7 @@ class CudaGraphRunner:
         self.capture_graphs = capture_graphs
         self.replays = 0
         self.eager_steps = 0
+        self.last_key: GraphKey | None = None
 
     def capture(self) -> CaptureReport:
         """Capture every key (largest first); returns the cost."""
@@ -156,7 +157,22 @@ class CudaGraphRunner:
             self.eager_steps += 1
             return None
         self.replay_into(step, key)
+        self.last_key = key
         return self.read(step, key)
+
+    def attention_graph(self, key: GraphKey, layers: int) -> torch.cuda.CUDAGraph:
+        """A graph of only the attention calls of ``key``'s step (random queries, the plan and
+        ``kv_indices`` of its last replay): timing it gives attention's share of a step."""
+        cap, backend = self.graphs[key], self.runner.backend
+        q = torch.randn(cap.layout.tokens, backend.num_heads, self.runner.pool.kv.shape[-1], device=self.runner.device,
+                        dtype=self.runner.model.dtype)
+        for i in range(layers):  # warm up outside the capture
+            backend.forward_absorbed(q, i, cap.batch)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            for i in range(layers):
+                backend.forward_absorbed(q, i, cap.batch)
+        return graph
 
 
 def enable_cuda_graphs(engine, batch_sizes=DEFAULT_BATCH_SIZES, capture_graphs: bool = True) -> CaptureReport:

@@ -1,11 +1,16 @@
-"""Gate ``decode-speed``: decode and verify steps of the engine, kernel backend vs reference backend.
+"""Gate ``decode-speed``: decode and verify steps of the engine as a user runs it (kernel backend,
+steps replayed from CUDA graphs) against the reference backend (eager: its shapes follow the
+lengths, so it cannot be captured).
 
 For each context length, one long request and a batch of 8 (all starting from copies of one
 prefilled random context) run engine steps through both backends on the same model and pool:
 
 - decode: plain greedy steps (T=1); decode tokens/s = requests / median step time;
 - verify: steps with a fixed random ``width x depth`` draft tree per request (latency);
-- attention's share of a step: the attention calls' CUDA-event time over the step's.
+- attention's share of a step: for the reference backend its attention calls' CUDA-event time
+  over the step's; for the kernel backend (inside a graph, where calls cannot be timed apart)
+  a graph of only the step's attention calls (same plan, pool and slots), replayed and timed,
+  over the step's time. ``*_eager`` metrics time the kernel backend's eager steps too.
 
 Every step is timed with CUDA events (median of ``steps`` after ``warmup``). The model is
 bf16 (pool too), as served. Metrics are named by context (4096 -> ``4k``, 131072 -> ``128k``,
@@ -13,8 +18,8 @@ bf16 (pool too), as served. Metrics are named by context (4096 -> ``4k``, 131072
 reference tokens/s, one request) and ``attention_share_128k`` (kernel backend, one request)
 are the ones the plan checks.
 
-Gate: ``call: phases.backend.benchmark:run`` (CUDA).
-Standalone: ``python -m phases.backend.benchmark --args '{"contexts": [4096]}'``.
+Gate: ``call: phases.cudagraph.decode_speed:run`` (CUDA).
+Standalone: ``python -m phases.cudagraph.decode_speed --args '{"contexts": [4096]}'``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 from phases.backend.common import DTYPES, SharedContext, make_engine, pick_device
 from serving.engine.random_models import random_model
+from serving.graphs import enable_cuda_graphs
 from serving.engine.tree import DraftTree
 
 try:
@@ -44,9 +50,26 @@ class FixedTreeDrafter:
         gen = torch.Generator().manual_seed(seed)
         paths = [torch.randint(0, vocab, (depth,), generator=gen).tolist() for _ in range(width)]
         self.tree = DraftTree.from_paths(paths)
+        self.max_drafts = len(self.tree)
 
     def propose(self, engine, requests):
         return [self.tree for _ in requests]
+
+
+def attention_share(engine, step_s: float, reps: int = 20) -> float:
+    """Attention's share of a captured step: a graph of the last replayed step's attention calls
+    (same plan, pool and slots) timed against the step's ``step_s`` seconds."""
+    graphs = engine.runner.graphs
+    graph = graphs.attention_graph(graphs.last_key, engine.model.num_layers)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times) / step_s
 
 
 def label(context: int) -> str:
@@ -113,26 +136,34 @@ def run(
         for batch in batch_sizes:
             tag = label(context) + ("" if batch == 1 else f"_b{batch}")
             tps = {}
-            for backend in ("reference", "kernel"):
+            for backend, graphs in (("reference", False), ("kernel", False), ("kernel", True)):
+                name = backend + ("" if backend == "reference" or graphs else "_eager")
                 for mode in ("decode", "verify"):
-                    engine = make_engine(model, pool, backend, None, prefill_chunk=prefill_chunk, profile=True)
+                    captured = graphs and dev.type == "cuda"  # on a CPU: the same static steps, not captured
+                    engine = make_engine(model, pool, backend, None, prefill_chunk=prefill_chunk, profile=not captured)
                     engine.drafter = drafter if mode == "verify" else None
+                    if graphs:
+                        enable_cuda_graphs(engine, (batch,), capture_graphs=captured)
                     reqs = [shared.start(engine, [int(torch.randint(0, model.cfg.vocab_size, (1,), generator=gen))], 10**9)
                             for _ in range(batch)]
                     for r in reqs:
                         engine.prefill(r)
                     step_s, share = time_steps(engine, reqs, warmup, steps)
+                    if captured:
+                        share = attention_share(engine, step_s)
                     for r in reqs:
                         pool.release_request(r.req_id)
                     if mode == "decode":
-                        tps[backend] = batch / step_s
-                        metrics[f"decode_tps_{backend}_{tag}"] = batch / step_s
-                        metrics[f"decode_step_ms_{backend}_{tag}"] = step_s * 1e3
-                        metrics[f"attention_share_{backend}_{tag}" if backend == "reference" else f"attention_share_{tag}"] = share
+                        tps[name] = batch / step_s
+                        metrics[f"decode_tps_{name}_{tag}"] = batch / step_s
+                        metrics[f"decode_step_ms_{name}_{tag}"] = step_s * 1e3
+                        metrics[f"attention_share_{tag}" if name == "kernel" else f"attention_share_{name}_{tag}"] = share
                     else:
-                        metrics[f"verify_step_ms_{backend}_{tag}"] = step_s * 1e3
+                        metrics[f"verify_step_ms_{name}_{tag}"] = step_s * 1e3
+                    del engine
             metrics[f"decode_speedup_{tag}"] = tps["kernel"] / tps["reference"]
-            for backend in ("reference", "kernel"):
+            metrics[f"decode_speedup_eager_{tag}"] = tps["kernel_eager"] / tps["reference"]
+            for backend in ("reference", "kernel_eager", "kernel"):
                 series.setdefault(f"{backend}, batch {batch}", []).append((context, metrics[f"decode_tps_{backend}_{tag}"]))
             done += 1
             print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.endswith(tag)}), file=sys.stderr, flush=True)

@@ -1,0 +1,115 @@
+"""Gate ``overhead``: what replaying captured steps saves where launches dominate, and costs
+where they do not; and what a user's first request pays.
+
+- Decode steps of one request through the kernel backend, eager against replayed from CUDA
+  graphs, on the same model, pool and context (median of ``steps`` CUDA-event-timed steps):
+  ``replay_speedup_4k`` = eager / graph step time at 4k (short contexts: the step is launches),
+  ``replay_slowdown_128k`` = graph / eager - 1 at 128k (long contexts must not pay for the graph).
+- Capture: seconds and memory for the engine's buckets (``capture_s``, ``graph_memory_mib``).
+- First request: ``python -m serving generate`` run twice in fresh processes sharing a new,
+  empty Triton cache, as on a fresh machine: the first run compiles every kernel during its
+  warm-up (``first_warmup_s``), and its decode tokens/s must match the second run's
+  (``first_request_ratio`` = first / second decode tokens/s).
+
+Gate: ``call: phases.cudagraph.overhead:run`` (CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from phases.backend.common import SharedContext, make_engine, pick_device
+from phases.cudagraph.decode_speed import label, time_steps
+from serving.engine.random_models import random_model
+
+try:
+    from runner import gatekit
+except ImportError:
+    gatekit = None
+
+
+def first_and_second_run(preset: str, prompt: int, new_tokens: int, speculate: str | None) -> dict:
+    """Two ``serving generate`` processes on a new Triton cache: (warm-up s, decode tokens/s) each."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="triton-cold-") as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache)
+        cmd = [sys.executable, "-m", "serving", "generate", "--random-model", preset, "--random-prompt", str(prompt),
+               "--max-new-tokens", str(new_tokens), "--json"] + (["--speculate", speculate] if speculate else [])
+        for name in ("first", "second"):
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"serving generate failed ({done.returncode}): {done.stderr[-2000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            out[f"{name}_warmup_s"] = result["warmup_s"]
+            out[f"{name}_decode_tps"] = result["decode_tokens_per_s"]
+            out[f"{name}_wall_s"] = time.perf_counter() - t0
+    out["first_request_ratio"] = out["first_decode_tps"] / out["second_decode_tps"]
+    return out
+
+
+def run(
+    contexts: list[int] = (4096, 131072),
+    preset: str = "gpu-h16",
+    warmup: int = 3,
+    steps: int = 20,
+    first_request: dict | None = None,
+    device: str | None = None,
+    seed: int = 0,
+) -> dict:
+    """Run the gate; returns its metrics (see the module docstring). ``first_request``: keyword
+    arguments of ``first_and_second_run`` (None: 4k prompt, 64 new tokens, tree speculation);
+    ``{}`` with ``skip=True`` skips it."""
+    dev = pick_device(device)
+    model = random_model(preset, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    metrics: dict[str, float] = {}
+    for context in contexts:
+        prefix = torch.randint(0, model.cfg.vocab_size, (context - 1,), generator=gen).tolist()
+        pool = model.new_pool(2 * context + 4096, torch.bfloat16)
+        shared = SharedContext(make_engine(model, pool, "reference", None), prefix)
+        times = {}
+        for graphs in (False, True):
+            engine = make_engine(model, pool, "kernel", None, cuda_graphs=graphs and dev.type == "cuda",
+                                 graph_batch_sizes=(1,))
+            if graphs and dev.type == "cuda":
+                metrics["capture_s"] = engine.capture_report.seconds
+                metrics["graph_memory_mib"] = engine.capture_report.total_bytes / 2**20
+            req = shared.start(engine, [1], 10**9)
+            engine.prefill(req)
+            times[graphs], _ = time_steps(engine, [req], warmup, steps)
+            pool.release_request(req.req_id)
+        tag = label(context)
+        metrics[f"eager_step_ms_{tag}"] = times[False] * 1e3
+        metrics[f"graph_step_ms_{tag}"] = times[True] * 1e3
+        metrics[f"replay_speedup_{tag}"] = times[False] / times[True]
+        metrics[f"replay_slowdown_{tag}"] = times[True] / times[False] - 1
+        shared.release()
+        print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.endswith(tag)}), file=sys.stderr, flush=True)
+        del pool, shared
+    if first_request is None:
+        first_request = dict(preset=preset, prompt=4096, new_tokens=64, speculate="tree:4x4:layers=1")
+    if dev.type == "cuda" and not first_request.pop("skip", False):
+        metrics.update(first_and_second_run(**first_request))
+    if gatekit:
+        lines = [f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())]
+        gatekit.write_artifact("overhead.md", "| metric | value |\n|---|---|\n" + "\n".join(lines) + "\n")
+    return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
+    print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
+
+
+if __name__ == "__main__":
+    main()

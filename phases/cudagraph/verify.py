@@ -1,0 +1,215 @@
+"""Gate ``replay``: captured steps replay bitwise like eager ones, for every bucket and any batch.
+
+The engine's decode and verify steps (``gpu-h16``: 576-wide latent rows, bf16) are captured
+once per bucket batch size. Then, for ``rounds`` rounds per bucket, a new batch is drawn: as
+many requests as the bucket holds or fewer (so padding is exercised), context lengths from 1
+to ``max_context`` (log-uniform; scattered slots with random rows in the pool), random draft
+trees. Each round:
+
+- the step is prepared and replayed with ``torch.cuda.set_sync_debug_mode("error")`` on
+  (``host_syncs_in_replay``: replays that synchronised with the host);
+- its outputs were poisoned first and must equal, bit for bit, the same step run eagerly on
+  the same static buffers and plan (``replay_mismatches``), and its tokens must equal those of
+  the plain eager path (exact sizes, its own plan), near ties apart (``unpadded_mismatches``);
+- every live row of the pool except the step's own new rows keeps its checksum
+  (``padding_corrupted_rows``: padding writes only slot 0).
+
+Then speculative decoding with graphs against plain greedy decoding through the reference
+backend (``phases.backend.verify`` at a small profile): ``mismatched_tokens`` and near ties
+counted apart, as in phase ``backend``'s gate. ``uncaptured_batch_sizes`` counts buckets
+whose capture failed.
+
+Gate: ``call: phases.cudagraph.verify:run`` (CUDA). CPU: ``run(..., device="cpu")`` runs the
+same rounds without capture (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import struct
+import sys
+import time
+
+import torch
+
+from phases.backend import verify as greedy_gate
+from phases.backend.common import make_engine, pick_device
+from serving.engine.batch import StepBatch, StepEntry
+from serving.engine.model_runner import unpack_outputs
+from serving.engine.random_models import random_model
+from serving.engine.tree import DraftTree
+from serving.graphs import enable_cuda_graphs
+from serving.graphs.runner import CudaGraphRunner
+
+try:
+    from runner import gatekit
+except ImportError:
+    gatekit = None
+
+TREE = "tree:4x4:layers=1"
+
+
+def random_tree(rng: random.Random, size: int, vocab: int) -> DraftTree:
+    parents = [rng.randrange(-1, t) for t in range(size)]
+    tokens = [rng.randrange(vocab) for _ in range(size)]
+    return DraftTree(tokens, parents)
+
+
+def fill_requests(pool, rng: random.Random, lengths: list[int]) -> list[int]:
+    """Live requests with the given context lengths on scattered free slots; returns their ids."""
+    free = pool.allocator.free_slots()
+    chosen = rng.sample(free, sum(lengths))
+    pool.allocator.take(chosen)
+    ids, at = [], 0
+    for i, n in enumerate(lengths):
+        req = 10_000 + i
+        pool.table.add(req)
+        pool.table.append(req, chosen[at : at + n])
+        at += n
+        ids.append(req)
+    return ids
+
+
+def checksums(pool, slots: torch.Tensor) -> torch.Tensor:
+    """int64 [layers, len(slots)]: a per-row checksum of the pool's rows."""
+    rows = pool.kv[:, slots].view(torch.int16).to(torch.int64)
+    weights = torch.arange(1, rows.shape[-1] + 1, device=rows.device)
+    return (rows * weights).sum(-1)
+
+
+def draw_lengths(rng: random.Random, count: int, max_context: int, budget: int) -> list[int]:
+    lengths = [max(1, int(math.exp(rng.uniform(0, math.log(max_context))))) for _ in range(count)]
+    scale = min(1.0, budget / sum(lengths))
+    return [max(1, int(n * scale)) for n in lengths]
+
+
+def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int, seed: int) -> dict:
+    """The bitwise / sync / padding checks over every captured target bucket."""
+    pool, runner, vocab = engine.pool, engine.runner, engine.model.cfg.vocab_size
+    rng = random.Random(seed)
+    totals = dict(replay_mismatches=0, unpadded_mismatches=0, host_syncs_in_replay=0, padding_corrupted_rows=0,
+                  replays_checked=0)
+    cuda = pool.kv.device.type == "cuda"
+    keys = [k for k in graphs.keys if k.family.shape.accept]
+    for key in keys:
+        for r in range(rounds):
+            count = rng.randint(max(1, key.batch // 2 + (key.batch > 1)), key.batch) if key.batch > 1 else 1
+            budget = (pool.allocator.num_free - count * key.family.shape.width) // 2
+            lengths = draw_lengths(rng, count, max_context, budget)
+            ids = fill_requests(pool, rng, lengths)
+            width = key.family.shape.width
+            trees = [random_tree(rng, rng.randrange(0, width), vocab) if width > 1 else DraftTree() for _ in ids]
+            kind = key.family.shape.kind
+            entries = []
+            for req, tree in zip(ids, trees):
+                n = pool.table.length(req)
+                slots = pool.alloc(1 + len(tree))
+                entries.append(StepEntry(pool.table.row(req), n, slots, [rng.randrange(vocab)] + tree.tokens,
+                                         [n] + [n + d for d in tree.depths()],
+                                         [-1] + [0 if p < 0 else p + 1 for p in tree.parents] if kind == "verify" else None))
+            step = StepBatch(kind, entries, accept=True)
+            assert graphs.key_for(step) == key, f"round {r}: {step.batch_size} entries did not land in {key.describe()}"
+            live = torch.tensor([s for req in ids for s in pool.table.slots(req)], dtype=torch.long, device=pool.kv.device)
+            before = checksums(pool, live)
+            cap = graphs.graphs[key]
+            for out in cap.outputs:  # poisoned: a replay that writes nothing cannot pass
+                out.fill_(-7)
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                graphs.replay_into(step, key)
+            except RuntimeError as exc:
+                if "synchroniz" not in str(exc):
+                    raise
+                totals["host_syncs_in_replay"] += 1
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+            got = graphs.read(step, key)  # the real rows only: padded rows carry whatever their buffers held
+            eager = runner.forward_step(cap.batch, key.family.shape)  # same buffers and plan, not captured
+            want = unpack_outputs(eager[0].cpu(), eager[1].cpu(), step, key.family.shape, cap.layout.tokens, cap.layout.batch)
+            same = all(struct.pack(f"{len(a)}f", *a) == struct.pack(f"{len(b)}f", *b) for a, b in zip(got.gap, want.gap))
+            same = same and (got.pred, got.near_tie, got.n_accepted, got.path, got.bonus) == (
+                want.pred, want.near_tie, want.n_accepted, want.path, want.bonus)
+            totals["replay_mismatches"] += 0 if same else 1
+            runner.graphs = None  # the plain eager path: exact sizes, its own plan (catches a stale re-plan)
+            plain = runner.run(step)
+            runner.graphs = graphs
+            totals["unpadded_mismatches"] += sum(
+                a != b and not tie for pa, pb, ties in zip(got.pred, plain.pred, got.near_tie) for a, b, tie in zip(pa, pb, ties))
+            after = checksums(pool, live)
+            totals["padding_corrupted_rows"] += int((before != after).any(0).sum())
+            totals["replays_checked"] += 1
+            for req, e in zip(ids, entries):
+                pool.free(e.tail)
+                pool.release_request(req)
+    return totals
+
+
+def run(
+    batch_sizes: list[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+    rounds: int = 20,
+    preset: str = "gpu-h16",
+    max_context: int = 131072,
+    pool_slots: int = 1_200_000,
+    greedy: dict | None = None,
+    device: str | None = None,
+    seed: int = 0,
+) -> dict:
+    """Run the gate; returns its metrics (see the module docstring). ``greedy``: keyword
+    arguments of the speculative-decoding check (``phases.backend.verify.run``)."""
+    dev = pick_device(device)
+    cuda = dev.type == "cuda"
+    t0 = time.perf_counter()
+    model = random_model(preset, dev, torch.bfloat16 if cuda else torch.float32, seed)
+    pool = model.new_pool(pool_slots, torch.bfloat16, max_requests=max(batch_sizes), max_context=max_context + 128)
+    pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(seed)).to(pool.kv.dtype)
+                  if not cuda else torch.randn(pool.kv.shape, device=dev).to(pool.kv.dtype))
+    engine = make_engine(model, pool, "kernel", TREE)
+    report = enable_cuda_graphs(engine, tuple(batch_sizes), capture_graphs=cuda)
+    graphs = engine.runner.graphs
+    captured = {k.batch for k in graphs.graphs}
+    metrics = dict(uncaptured_batch_sizes=len(set(batch_sizes) - captured), capture_s=report.seconds,
+                   graph_memory_mib=report.total_bytes / 2**20, buckets=len(set(batch_sizes)))
+    print(f"captured {len(graphs.graphs)} graphs in {report.seconds:.1f} s", file=sys.stderr, flush=True)
+    metrics.update(replay_rounds(engine, graphs, rounds, max_context, seed))
+    metrics["leaked_slots"] = pool.leaked_slots() + pool.allocator.capacity - pool.allocator.num_free
+    del engine, graphs, pool
+    if cuda:
+        torch.cuda.empty_cache()
+    spec = dict(prompts=8, max_new_tokens=64, contexts=[4096, 32768], preset=preset, speculate=TREE, cuda_graphs=cuda)
+    spec.update(greedy or {})
+    if not cuda:
+        spec.update(device="cpu")
+    g = greedy_gate.run(**spec) if gatekit is None else _quiet_greedy(spec)
+    metrics.update(mismatched_tokens=g["mismatched_tokens"], near_tie_divergences=g["near_tie_divergences"],
+                   requests_failed=g["requests_failed"], tokens_compared=g["tokens_compared"],
+                   accepted_per_step=g["accepted_per_step_kernel"])
+    metrics["wall_s"] = time.perf_counter() - t0
+    if gatekit:
+        gatekit.write_artifact("capture.md", f"# Capture ({report.seconds:.1f} s)\n\n" + report.table() + "\n")
+    return metrics
+
+
+def _quiet_greedy(spec: dict) -> dict:
+    """The greedy check without its own artifacts (this gate writes its own)."""
+    saved = greedy_gate.gatekit
+    greedy_gate.gatekit = None
+    try:
+        return greedy_gate.run(**spec)
+    finally:
+        greedy_gate.gatekit = saved
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
+    print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
+
+
+if __name__ == "__main__":
+    main()
