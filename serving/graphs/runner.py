@@ -89,6 +89,8 @@ class CudaGraphRunner:
         backend = self.runner.backend
         backend.init_cuda_graph_state(max(k.batch for k in self.keys), max(k.batch * k.family.shape.width for k in self.keys))
         cuda = self.runner.device.type == "cuda"
+        if cuda:
+            torch.cuda.empty_cache()  # so the reserved memory grows by what capture takes, nothing else
         self._pool = torch.cuda.graph_pool_handle() if self.capture_graphs else None
         for key in self.keys:
             t0 = time.perf_counter()
@@ -98,7 +100,7 @@ class CudaGraphRunner:
                 torch.cuda.synchronize(self.runner.device)
             report.per_key[key.describe()] = {
                 "seconds": time.perf_counter() - t0,
-                "bytes": (torch.cuda.memory_reserved(self.runner.device) - before) if cuda else 0,
+                "bytes": max(0, torch.cuda.memory_reserved(self.runner.device) - before) if cuda else 0,
                 "workspace_bytes": backend.graph_workspace_bytes().get(key, 0),
                 "static_bytes": self.graphs[key].device_buffer.numel() * 8,
             }
