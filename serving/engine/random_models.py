@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from serving.engine import limits
 from serving.engine.config import ModelConfig
 from serving.engine.model import DeepseekV3Model
 from serving.engine.weights import expected_shapes
@@ -75,8 +76,10 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> DeepseekV3Model:
-    """A seeded random model of preset ``name`` (config fields may be overridden)."""
+    """A seeded random model of preset ``name`` (config fields may be overridden); MemoryLimitError
+    when its weights would not fit ``device``."""
     cfg = preset_config(name, **overrides)
+    limits.check(limits.estimate(cfg, device, dtype, random_weights=True))  # before drawing anything
     weights = {k: v.to(device=device, dtype=torch.float32 if k.endswith("mlp.gate.weight") or k.endswith("e_score_correction_bias") else dtype)
                for k, v in random_weights(cfg, seed).items()}
     return DeepseekV3Model(cfg, weights, device, dtype)
