@@ -8,16 +8,20 @@ within 50 MB of a child that only imports the engine.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
 import pytest
 import torch
 
-from serving.engine import MemoryLimitError
+pytest.importorskip("transformers", reason="transformers writes the checkpoints of these tests (pip install -e .[test])")
+
+from serving.engine import DeepseekV3Model, MemoryLimitError
 from serving.engine.limits import MARGIN, available_bytes, check, count_parameters, estimate
 from serving.engine.random_models import PRESETS, preset_config, random_model
 from serving.engine.weights import expected_shapes
+from tests.backend.hf_models import save_tiny
 from tests.backend.processes import run_python, run_serving
 
 VARIANTS = [
@@ -77,6 +81,25 @@ except Exception as exc:
     run = run_python(code, timeout=60)
     assert run.stdout.startswith("MemoryLimitError Expected what the engine allocates to fit in 90% of the "), run.stderr
     assert re.search(r"got an estimated [\d.]+ (TiB|PiB)", run.stdout)
+    assert run.peak_rss_mb < baseline_mb + 50
+
+
+@pytest.mark.parametrize("overrides", ABSURD)
+def test_absurd_configs_are_refused_before_the_checkpoint_is_read(tmp_path, overrides, baseline_mb):
+    folder = save_tiny(tmp_path)
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(overrides)
+    (folder / "config.json").write_text(json.dumps(raw))
+    code = f"""
+from serving.engine import DeepseekV3Model
+try:
+    DeepseekV3Model.from_folder({str(folder)!r})
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+    run = run_python(code, timeout=60)
+    assert run.stdout.startswith("MemoryLimitError "), run.stderr
+    assert re.search(r"weights [\d.]+ (TiB|PiB) \([\d,]+ parameters, float32\)", run.stdout)
     assert run.peak_rss_mb < baseline_mb + 50
 
 
