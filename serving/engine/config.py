@@ -13,6 +13,8 @@ Decisions:
   or -1 is a ``ConfigError`` naming the key instead of silently wrong tokens.
 - Files are read defensively: the folder must be a directory, ``config.json`` a regular file of
   at most ``MAX_JSON_BYTES`` holding one JSON object; every error names the path.
+- The end-of-sequence ids follow transformers' ``generate``: ``generation_config.json``'s
+  ``eos_token_id`` when that file exists (absent key: none), else ``config.json``'s.
 """
 
 from __future__ import annotations
@@ -229,6 +231,21 @@ def read_json(path: Path) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"Expected a JSON object in {path}, got a {type(raw).__name__}")
     return raw
+
+
+def eos_token_ids(folder: str | Path, vocab_size: int) -> tuple[int, ...]:
+    """End-of-sequence ids as transformers' ``generate`` reads them: ``generation_config.json``'s
+    ``eos_token_id`` when that file exists, else ``config.json``'s; an int, a list or null."""
+    folder = check_folder(folder)
+    path = folder / "generation_config.json"
+    if not os.path.lexists(path):
+        path = folder / "config.json"
+    value = read_json(path).get("eos_token_id")
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    for t in ids:
+        if not _is_int(t) or not 0 <= t < vocab_size:
+            raise ConfigError(f"{path}: Expected eos_token_id as token ids in [0, {vocab_size}), got {value!r}")
+    return tuple(ids)
 
 
 def _kind(mode: int) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +95,7 @@ class Engine:
     """Greedy generation over one model, pool and attention backend.
 
     drafter: None for plain greedy decoding; prefill_chunk: prompt tokens per prefill forward;
+    eos_token_id: one id or several; a request stops after emitting any of them (kept in its output);
     record_margins: keep each emitted token's top-two logit gap (the greedy gate's tie check);
     profile: time the attention calls (CUDA events) to report attention's share of a step.
     """
@@ -106,13 +107,13 @@ class Engine:
         backend: AttentionBackend,
         drafter: Drafter | None = None,
         prefill_chunk: int = 8192,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
         record_margins: bool = False,
         profile: bool = False,
     ) -> None:
         self.model, self.pool, self.backend, self.drafter = model, pool, backend, drafter
         self.prefill_chunk = prefill_chunk
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or ())
         self.record_margins = record_margins
         self.profile = profile
         self.stats = StepStats()
@@ -134,8 +135,9 @@ class Engine:
     def _emit(self, req: Request, tokens: list[int], rows: torch.Tensor | None = None) -> None:
         room = req.max_new_tokens - len(req.output)
         tokens = tokens[:room]
-        if self.eos_token_id is not None and self.eos_token_id in tokens:
-            tokens = tokens[: tokens.index(self.eos_token_id) + 1]
+        stop = next((k for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
+        if stop is not None:
+            tokens = tokens[: stop + 1]
         req.output.extend(tokens)
         if rows is not None:
             top = rows[: len(tokens)].topk(2, dim=-1).values
@@ -145,7 +147,7 @@ class Engine:
             flags = [g < t for g, t in zip(gaps, tol)]
             req.tie_flags.extend(flags)
             req.near_ties += sum(flags)
-        if len(req.output) >= req.max_new_tokens or (self.eos_token_id is not None and req.output[-1:] == [self.eos_token_id]):
+        if len(req.output) >= req.max_new_tokens or (req.output and req.output[-1] in self.eos_token_ids):
             self._finish(req)
 
     # ---- prefill -----------------------------------------------------------------------
