@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 
 from serving.engine import DeepseekV3Model, Engine, make_backend, parse_speculate
+from serving.engine.cli import main
 from serving.engine.config import eos_token_ids
 from tests.backend.hf_models import hf_generate, hf_greedy, load_hf, save_tiny
 
@@ -83,3 +84,32 @@ def test_engine_accepts_an_int_a_list_or_none(tiny):
     assert engine_for(folder, eos).generate([PROMPT], MAX_NEW)[0].output == full[:stop]
     assert engine_for(folder, [126, eos]).generate([PROMPT], MAX_NEW)[0].output == full[:stop]
     assert engine_for(folder, None).generate([PROMPT], MAX_NEW)[0].output == full
+
+
+def run(capsys, *args):
+    code = main(["generate", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_stops_at_the_folders_eos_like_transformers(tiny, tmp_path, capsys):
+    _, full, eos = tiny
+    folder = with_eos(tiny, tmp_path, *LAYOUTS["generation_config list"](eos))
+    want = hf_generate(load_hf(folder), PROMPT, MAX_NEW)
+    code, out, err = run(capsys, "--model", folder, "--prompt", ",".join(map(str, PROMPT)), "--max-new-tokens", MAX_NEW, "--json")
+    result = json.loads(out)
+    assert code == 0, err
+    assert result["eos_token_ids"] == [127, eos]
+    assert result["requests"][0]["output"] == want and result["requests"][0]["finish_reason"] == "eos"
+    code, out, err = run(capsys, "--model", folder, "--prompt", ",".join(map(str, PROMPT)), "--max-new-tokens", MAX_NEW,
+                         "--json", "--ignore-eos")
+    assert code == 0 and json.loads(out)["requests"][0]["output"] == full
+    assert json.loads(out)["requests"][0]["finish_reason"] == "length"
+
+
+def test_cli_eos_token_id_option_on_a_random_preset(capsys):
+    code, out, _ = run(capsys, "--random-model", "tiny", "--prompt", "5", "--max-new-tokens", 12, "--json")
+    full = json.loads(out)["requests"][0]["output"]
+    eos = next(t for k, t in enumerate(full[2:], 2) if t not in full[:k])
+    code, out, _ = run(capsys, "--random-model", "tiny", "--prompt", "5", "--max-new-tokens", 12, "--json", "--eos-token-id", eos)
+    assert code == 0 and json.loads(out)["requests"][0]["output"] == full[: full.index(eos) + 1]
