@@ -3,7 +3,8 @@
 Modules: ``config`` (config.json), ``weights`` (safetensors), ``rope``, ``model`` (DeepSeek-V3
 forward), ``kv_pool`` (page_size=1 pool, allocator, slot table), ``batch`` (ForwardBatch),
 ``attention`` (kernel and reference backends), ``tree`` / ``drafters`` (tree speculation),
-``engine`` (the generation loop), ``random_models`` (seeded presets), ``cli``.
+``engine`` (the generation loop), ``random_models`` (seeded presets), ``limits`` (memory
+estimates checked before allocating), ``cli``.
 """
 
 from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend, make_backend
@@ -11,11 +12,12 @@ from serving.engine.config import ConfigError, ModelConfig
 from serving.engine.drafters import LayerSkipDrafter, NgramDrafter, parse_speculate
 from serving.engine.engine import Engine, Request
 from serving.engine.kv_pool import KVPool, PoolExhausted
+from serving.engine.limits import MemoryLimitError
 from serving.engine.model import DeepseekV3Model
 from serving.engine.weights import WeightError
 
 __all__ = [
     "AttentionBackend", "KernelBackend", "ReferenceBackend", "make_backend", "ConfigError", "ModelConfig",
     "LayerSkipDrafter", "NgramDrafter", "parse_speculate", "Engine", "Request", "KVPool", "PoolExhausted",
-    "DeepseekV3Model", "WeightError",
+    "DeepseekV3Model", "WeightError", "MemoryLimitError",
 ]

@@ -6,6 +6,13 @@ Example::
     python -m serving generate --random-model gpu-h16 --random-prompt 131072 --max-new-tokens 64 --backend kernel
 
 Prints the tokens, decode tokens/s, accepted drafts per step and attention's share of a step.
+Generation stops at the model's end-of-sequence ids (``generation_config.json`` or
+``config.json``, as transformers' ``generate``) unless ``--ignore-eos``.
+
+Exit codes: 0 when every request finished; 2 for a usage or input error (bad flag value, config,
+checkpoint, prompt, or more memory than the device has), reported before anything is
+allocated; 1 when a request failed while running (e.g. the KV pool ran out). Each error is one
+``error: ...`` line on stderr.
 """
 
 from __future__ import annotations
@@ -18,29 +25,43 @@ from pathlib import Path
 
 import torch
 
+from serving.engine import limits
 from serving.engine.attention import make_backend
+from serving.engine.config import ModelConfig, eos_token_ids
 from serving.engine.drafters import parse_speculate
 from serving.engine.engine import Engine
 from serving.engine.model import DeepseekV3Model
-from serving.engine.random_models import PRESETS, random_model
-from serving.engine.tree import MAX_VERIFY_TOKENS
+from serving.engine.random_models import PRESETS, preset_config, random_model
+from serving.engine.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
+from serving.engine.weights import load_weights
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+class UsageError(ValueError):
+    """A command-line value the engine cannot use."""
 
 
 def parse_prompt(text: str, folder: str | None) -> list[int]:
     """Comma- or space-separated token ids, else text through the folder's tokenizer.json."""
     parts = text.replace(",", " ").split()
-    if parts and all(p.isdigit() for p in parts):
+    if not parts:
+        raise UsageError(f"Expected a non-empty --prompt (token ids like '1,2,3', or text), got {text!r}")
+    if all(p.isdigit() for p in parts):
         return [int(p) for p in parts]
     tok_file = Path(folder or "") / "tokenizer.json"
     if folder is None or not tok_file.is_file():
-        raise ValueError(f"Expected token ids like '1,2,3' (no tokenizer.json for text), got {text!r}")
+        raise UsageError(f"Expected token ids like '1,2,3' (no tokenizer.json for text), got {text!r}")
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:  # optional dependency
-        raise ValueError("Expected the 'tokenizers' package for text prompts, got none installed") from exc
-    return Tokenizer.from_file(str(tok_file)).encode(text).ids
+        raise UsageError("Expected the 'tokenizers' package for text prompts, got none installed") from exc
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_file))
+    except Exception as exc:  # the Rust library raises its own exception types
+        raise UsageError(f"Expected a valid tokenizer in {tok_file}, got: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    return tokenizer.encode(text).ids
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefill-chunk", type=int, default=8192)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    g.add_argument("--eos-token-id", type=int, action="append", default=None,
+                   help="stop a request after this token (repeat for several; default: the model folder's eos_token_id)")
+    g.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens tokens, past any end-of-sequence token")
     g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay decode / verify steps from CUDA graphs captured before the first request "
                         "(default: on with the kernel backend on CUDA)")
@@ -78,31 +102,109 @@ def graph_batch_sizes(text: str | None, entries: int) -> tuple[int, ...]:
         return tuple(b for b in DEFAULT_BATCH_SIZES if b < entries) + tuple(fits[:1])
     parts = text.replace(",", " ").split()
     if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise ValueError(f"Expected --graph-batch-sizes as positive integers like '1,2,4,8', got {text!r}")
+        raise UsageError(f"Expected --graph-batch-sizes as positive integers like '1,2,4,8', got {text!r}")
     return tuple(sorted({int(p) for p in parts}))
 
 
+def resolve_device(name: str | None) -> torch.device:
+    """``--device`` as a torch.device (default: cuda when available); UsageError for one that is not here."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UsageError(f"Expected --device cpu, cuda or cuda:N, got {name!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise UsageError(f"Expected a CUDA GPU for --device {name}, got none ({why}); use --device cpu")
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise UsageError(f"Expected --device cuda:N with N < {torch.cuda.device_count()}, got {name!r}")
+    return device
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """UsageError naming the first flag whose value the engine cannot use (before anything is loaded)."""
+    if args.max_new_tokens < 1:
+        raise UsageError(f"Expected --max-new-tokens >= 1, got {args.max_new_tokens}")
+    if args.prefill_chunk < 1:
+        raise UsageError(f"Expected --prefill-chunk >= 1 (prompt tokens per prefill forward), got {args.prefill_chunk}")
+    bad = next((n for n in args.random_prompt if n < 1), None)
+    if bad is not None:
+        raise UsageError(f"Expected --random-prompt N with N >= 1 tokens, got {bad}")
+    if args.pool_slots is not None and args.pool_slots < 2:
+        raise UsageError(f"Expected --pool-slots >= 2 (slot 0 is reserved), got {args.pool_slots}")
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"Expected --seed in [0, 2**63), got {args.seed}")
+    if args.ignore_eos and args.eos_token_id:
+        raise UsageError("Expected either --eos-token-id or --ignore-eos, got both")
+
+
+def check_prompts(prompts: list[list[int]], vocab_size: int) -> None:
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise UsageError(f"Expected prompt [{i}] to have at least one token, got none")
+        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise UsageError(f"Expected token ids in [0, {vocab_size}) (the model's vocab_size), got {bad} in prompt [{i}]")
+
+
+def stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> tuple[int, ...]:
+    """``--eos-token-id`` values, else the model folder's end-of-sequence ids (random presets: none)."""
+    if args.ignore_eos:
+        return ()
+    if args.eos_token_id:
+        bad = next((t for t in args.eos_token_id if not 0 <= t < cfg.vocab_size), None)
+        if bad is not None:
+            raise UsageError(f"Expected --eos-token-id in [0, {cfg.vocab_size}) (the model's vocab_size), got {bad}")
+        return tuple(args.eos_token_id)
+    return eos_token_ids(args.model, cfg.vocab_size) if args.model else ()
+
+
 def generate(args: argparse.Namespace) -> dict:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """Validate every input, check the memory estimate, then load, allocate and run.
+
+    Raises ValueError (UsageError, ConfigError, WeightError, MemoryLimitError) before anything
+    large is allocated.
+    """
+    device = resolve_device(args.device)
+    check_options(args)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     backend_name = args.backend or ("kernel" if device.type == "cuda" else "reference")
-    model = random_model(args.random_model, device, dtype, args.seed) if args.random_model else DeepseekV3Model.from_folder(args.model, device, dtype)
-    prompts = [parse_prompt(p, args.model) for p in args.prompt]
-    gen = torch.Generator().manual_seed(args.seed)
-    prompts += [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in args.random_prompt]
-    if not prompts:
-        raise ValueError("Expected at least one --prompt or --random-prompt, got none")
-    pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
-    slots = args.pool_slots or sum(len(p) + args.max_new_tokens + 64 for p in prompts) + 4096
     graphs = args.cuda_graphs if args.cuda_graphs is not None else (device.type == "cuda" and backend_name == "kernel")
     if graphs and (device.type != "cuda" or backend_name != "kernel"):
-        raise ValueError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
+        raise UsageError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
+    cfg = preset_config(args.random_model) if args.random_model else ModelConfig.from_folder(args.model)
+    eos = stop_ids(args, cfg)
+    prompts = [parse_prompt(p, args.model) for p in args.prompt]
+    check_prompts(prompts, cfg.vocab_size)
+    lens = [len(p) for p in prompts] + list(args.random_prompt)
+    if not lens:
+        raise UsageError("Expected at least one --prompt or --random-prompt, got none")
     drafter = parse_speculate(args.speculate)
+    pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
+    slots = args.pool_slots if args.pool_slots is not None else sum(n + args.max_new_tokens + 64 for n in lens) + 4096
+    need = sum(lens) + len(lens) + 1
+    if slots < need:
+        raise UsageError(f"Expected --pool-slots >= {need} (the prompts' {sum(lens)} tokens, a slot per request for its next "
+                         f"token and the reserved slot 0), got {slots}")
+    limits.check(limits.estimate(
+        cfg, device, dtype, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=lens, max_new_tokens=args.max_new_tokens,
+        prefill_chunk=args.prefill_chunk, draft_tokens=MAX_DRAFT_TOKENS if drafter else 0, random_weights=bool(args.random_model),
+    ))
+    if args.random_model:
+        model = random_model(args.random_model, device, dtype, args.seed)
+    else:
+        model = DeepseekV3Model(cfg, load_weights(args.model, cfg, dtype, device), device, dtype)
+    gen = torch.Generator().manual_seed(args.seed)
+    prompts += [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in args.random_prompt]
     sizes = graph_batch_sizes(args.graph_batch_sizes, len(prompts) * getattr(drafter, "width", 1))
     context = max(len(p) for p in prompts) + args.max_new_tokens + 2 * MAX_VERIFY_TOKENS
     pool = model.new_pool(slots, pool_dtype, max_requests=len(prompts), max_context=min(context, slots))
     backend = make_backend(backend_name, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    engine = Engine(model, pool, backend, drafter, prefill_chunk=args.prefill_chunk, profile=not graphs)
+    engine = Engine(model, pool, backend, drafter, prefill_chunk=args.prefill_chunk, eos_token_id=eos, profile=not graphs)
     warmup_s, graph_bytes = 0.0, 0
     if graphs:
         from serving.graphs import enable_cuda_graphs
@@ -131,7 +233,10 @@ def generate(args: argparse.Namespace) -> dict:
     return {
         "backend": backend_name,
         "device": str(device),
-        "requests": [{"prompt_tokens": len(r.prompt), "output": r.output, "error": r.error} for r in requests],
+        "eos_token_ids": list(eos),
+        "requests": [{"prompt_tokens": len(r.prompt), "output": r.output, "error": r.error,
+                      "finish_reason": "error" if r.error else "eos" if r.output and r.output[-1] in eos else "length"}
+                     for r in requests],
         "prefill_tokens_per_s": s.prefill_tokens / s.prefill_s if s.prefill_s else 0.0,
         "decode_tokens_per_s": s.tokens_per_s,
         "steps": s.steps,
@@ -146,25 +251,47 @@ def generate(args: argparse.Namespace) -> dict:
     }
 
 
+def _error(message: object) -> None:
+    print("error: " + " ".join(str(message).split("\n")), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``generate``; returns the exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
     try:
         result = generate(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        _error(exc)
+        return EXIT_USAGE
+    except OSError as exc:  # a file error none of the loaders wrapped: name the file
+        _error(f"{exc.filename or 'I/O'}: {exc.strerror or exc}")
+        return EXIT_USAGE
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        _error(f"out of memory while running (the estimate missed it): {str(exc).splitlines()[0] if str(exc) else 'MemoryError'}")
+        return EXIT_FAILED
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc):  # torch's CPU allocator failing; anything else is a bug: show it
+            raise
+        _error(f"out of memory while running (the estimate missed it): {str(exc).splitlines()[-1]}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
     if args.json:
         print(json.dumps(result))
-        return 0
-    for i, r in enumerate(result["requests"]):
-        status = f"error: {r['error']}" if r["error"] else " ".join(map(str, r["output"]))
-        print(f"[{i}] ({r['prompt_tokens']} prompt tokens) {status}")
-    share = "" if result["attention_share"] is None else f"attention {100 * result['attention_share']:.0f}% of a step, "
-    graphs = (f", CUDA graphs captured in {result['warmup_s']:.1f} s ({result['graph_memory_mib']:.0f} MiB)"
-              if result["cuda_graphs"] else ", no CUDA graphs")
-    print(
-        f"backend {result['backend']} on {result['device']}: decode {result['decode_tokens_per_s']:.1f} tokens/s over "
-        f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step, "
-        f"{share}prefill {result['prefill_tokens_per_s']:.0f} tokens/s{graphs}"
-    )
-    return 0
+    else:
+        for i, r in enumerate(result["requests"]):
+            status = f"error: {r['error']}" if r["error"] else " ".join(map(str, r["output"]))
+            print(f"[{i}] ({r['prompt_tokens']} prompt tokens) {status}")
+        share = "" if result["attention_share"] is None else f"attention {100 * result['attention_share']:.0f}% of a step, "
+        graphs = (f", CUDA graphs captured in {result['warmup_s']:.1f} s ({result['graph_memory_mib']:.0f} MiB)"
+                  if result["cuda_graphs"] else ", no CUDA graphs")
+        print(
+            f"backend {result['backend']} on {result['device']}: decode {result['decode_tokens_per_s']:.1f} tokens/s over "
+            f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step, "
+            f"{share}prefill {result['prefill_tokens_per_s']:.0f} tokens/s{graphs}"
+        )
+    failed = [(i, r["error"]) for i, r in enumerate(result["requests"]) if r["error"]]
+    for i, message in failed:
+        _error(f"request [{i}] failed: {message}")
+    return EXIT_FAILED if failed else 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +95,7 @@ class Engine:
     """Greedy generation over one model, pool and attention backend.
 
     drafter: None for plain greedy decoding; prefill_chunk: prompt tokens per prefill forward;
+    eos_token_id: one id or several; a request stops after emitting any of them (kept in its output);
     record_margins: keep each emitted token's top-two logit gap (the greedy gate's tie check);
     profile: time the attention calls of eager steps (CUDA events) to report attention's share
     of a step; runner: the model runner (default: an eager one over model, pool and backend;
@@ -108,7 +109,7 @@ class Engine:
         backend: AttentionBackend,
         drafter: Drafter | None = None,
         prefill_chunk: int = 8192,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
         record_margins: bool = False,
         profile: bool = False,
         runner: ModelRunner | None = None,
@@ -118,7 +119,7 @@ class Engine:
         self.model, self.pool, self.backend, self.drafter = model, pool, backend, drafter
         self.runner = runner or ModelRunner(model, pool, backend)
         self.prefill_chunk = prefill_chunk
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or ())
         self.record_margins = record_margins
         self.profile = profile
         self.stats = StepStats()
@@ -140,15 +141,16 @@ class Engine:
     def _emit(self, req: Request, tokens: list[int], gaps: list[float] | None = None, ties: list[bool] | None = None) -> None:
         room = req.max_new_tokens - len(req.output)
         tokens = tokens[:room]
-        if self.eos_token_id is not None and self.eos_token_id in tokens:
-            tokens = tokens[: tokens.index(self.eos_token_id) + 1]
+        stop = next((k for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
+        if stop is not None:
+            tokens = tokens[: stop + 1]
         req.output.extend(tokens)
         if gaps is not None:
             req.margins.extend(gaps[: len(tokens)])
             flags = list(ties[: len(tokens)])
             req.tie_flags.extend(flags)
             req.near_ties += sum(flags)
-        if len(req.output) >= req.max_new_tokens or (self.eos_token_id is not None and req.output[-1:] == [self.eos_token_id]):
+        if len(req.output) >= req.max_new_tokens or (req.output and req.output[-1] in self.eos_token_ids):
             self._finish(req)
 
     # ---- prefill -----------------------------------------------------------------------

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from serving.engine import limits
 from serving.engine.config import ModelConfig
 from serving.engine.model import DeepseekV3Model
 from serving.engine.weights import expected_shapes
@@ -93,11 +94,14 @@ def _keeps_fp32(name: str) -> bool:
 
 
 def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> DeepseekV3Model:
-    """A seeded random model of preset ``name`` (config fields may be overridden)."""
+    """A seeded random model of preset ``name`` (config fields may be overridden); MemoryLimitError
+    when its weights would not fit ``device``."""
     cfg = preset_config(name, **overrides)
     device = torch.device(device)
     shapes = expected_shapes(cfg)
-    if sum(math.prod(s) for s in shapes.values()) > DEVICE_DRAW_PARAMS and device.type == "cuda":
+    on_device = sum(math.prod(s) for s in shapes.values()) > DEVICE_DRAW_PARAMS and device.type == "cuda"
+    limits.check(limits.estimate(cfg, device, dtype, random_weights=not on_device))  # before drawing anything
+    if on_device:
         gen = torch.Generator(device=device).manual_seed(seed)
         weights = {k: _draw(k, s, gen, device).to(torch.float32 if _keeps_fp32(k) else dtype) for k, s in shapes.items()}
     else:

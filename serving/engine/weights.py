@@ -8,16 +8,36 @@ Decisions:
   (``mlp.experts.gate_up_proj`` [E, 2I, hidden]); either way the engine holds them fused.
 - Layers at or past ``num_hidden_layers`` (DeepSeek's multi-token-prediction layer) are
   skipped; any other tensor the model does not use is an error.
+- Nothing is read before every file's header has been checked: the 8-byte header length
+  (at most the format's 100 MB), the JSON, each tensor's dtype, shape and data offsets against
+  the file's size (contiguous, in order, no gap or overlap, as the safetensors library requires),
+  then names, shapes and floating-point dtypes against the config. A crafted header cannot make
+  the loader allocate what the file does not hold, and a bad file fails before any tensor is
+  materialised. Every message names the file.
+- Tensors are read and converted one at a time (no second copy of the checkpoint), after the
+  weights' bytes were checked against the device's free memory (``limits``).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from serving.engine import limits
 from serving.engine.config import ModelConfig
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
+# Bytes per element of every safetensors dtype; only the floating ones below are served.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 
 
 class WeightError(ValueError):
@@ -75,14 +95,88 @@ _FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_pr
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry: dtype (safetensors name), shape, data offsets relative to the data section."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Validated header of a safetensors file, read without touching the tensor data.
+
+    Raises WeightError naming ``path`` for a file that is not a regular file, a header length
+    past MAX_HEADER_BYTES or the file's end, a header that is not a JSON object of well-formed
+    entries, or data offsets that do not tile the file's data section exactly.
+    """
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise WeightError(f"Expected {path} to be a regular safetensors file, got something else (a directory, FIFO or device)")
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise WeightError(f"Expected a safetensors file at {path}, got {len(prefix)} bytes (truncated: no 8-byte header length)")
+            n = int.from_bytes(prefix, "little")
+            if n > MAX_HEADER_BYTES:
+                raise WeightError(f"Expected a safetensors header of at most {MAX_HEADER_BYTES} bytes in {path}, got a length of {n} (corrupt file)")
+            if 8 + n > st.st_size:
+                raise WeightError(f"Expected a {n}-byte header in {path}, got a file of {st.st_size} bytes (truncated)")
+            raw = f.read(n)
+    except OSError as exc:
+        raise WeightError(f"Expected a readable safetensors file at {path}, got: {exc.strerror}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise WeightError(f"Expected a JSON header in {path}, got one that does not parse ({type(exc).__name__}) (corrupt file)") from None
+    if not isinstance(header, dict):
+        raise WeightError(f"Expected a JSON object as the header of {path}, got a {type(header).__name__}")
+    data_bytes = st.st_size - 8 - n
+    infos = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list) and isinstance(entry.get("data_offsets"), list)
+                and all(_is_count(d) for d in entry["shape"]) and len(entry["data_offsets"]) == 2
+                and all(_is_count(o) for o in entry["data_offsets"])):
+            raise WeightError(f"Expected tensor {name!r} in the header of {path} with dtype, shape and data_offsets, got {entry!r:.200}")
+        dtype = entry.get("dtype")
+        if dtype not in DTYPE_BYTES:
+            raise WeightError(f"Expected tensor {name!r} in {path} of a safetensors dtype {sorted(DTYPE_BYTES)}, got {dtype!r}")
+        begin, end = entry["data_offsets"]
+        nbytes = math.prod(entry["shape"]) * DTYPE_BYTES[dtype]
+        if end > data_bytes:
+            raise WeightError(f"Expected tensor {name!r} ({nbytes} bytes) to lie inside {path}, got data_offsets [{begin}, {end}] "
+                              f"past its {data_bytes} bytes of data (truncated or corrupt file)")
+        if end - begin != nbytes:
+            raise WeightError(f"Expected tensor {name!r} in {path} of shape {tuple(entry['shape'])} {dtype} to span {nbytes} bytes, "
+                              f"got data_offsets [{begin}, {end}] (corrupt header)")
+        infos[name] = TensorInfo(name, dtype, tuple(entry["shape"]), begin, end)
+    at = 0
+    for info in sorted(infos.values(), key=lambda i: (i.begin, i.end)):
+        if info.begin != at:
+            raise WeightError(f"Expected the tensors of {path} to tile its data, got {info.name!r} at byte {info.begin} "
+                              f"where the previous one ends at {at} (overlap or gap: corrupt header)")
+        at = info.end
+    if at != data_bytes:
+        raise WeightError(f"Expected the tensors of {path} to end where its data ends ({data_bytes} bytes), got {at} (corrupt file)")
+    return infos
+
+
 def _split_fused(name: str, tensor: torch.Tensor, inter: int) -> dict[str, torch.Tensor]:
     """Fused expert tensors -> per-expert names (gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
     prefix, kind = _FUSED.match(name).groups()
     out = {}
     for e in range(tensor.shape[0]):
         if kind == "gate_up_proj":
-            if tensor.shape[1] != 2 * inter:
-                raise WeightError(f"Expected {name} of shape [E, {2 * inter}, hidden], got {tuple(tensor.shape)}")
             out[f"{prefix}{e}.gate_proj.weight"] = tensor[e, :inter]
             out[f"{prefix}{e}.up_proj.weight"] = tensor[e, inter:]
         else:
@@ -90,41 +184,87 @@ def _split_fused(name: str, tensor: torch.Tensor, inter: int) -> dict[str, torch
     return out
 
 
+def _fused_shapes(name: str, cfg: ModelConfig) -> tuple[int, ...]:
+    """Expected shape of a fused expert tensor: gate_up_proj [E, 2I, hidden], down_proj [E, hidden, I]."""
+    e, inter, h = cfg.n_routed_experts or 0, cfg.moe_intermediate_size, cfg.hidden_size
+    return (e, 2 * inter, h) if name.endswith("gate_up_proj") else (e, h, inter)
+
+
+def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[TensorInfo]]]:
+    """Per file, the header entries to read; every check of the module docstring done, nothing read."""
+    folder = Path(folder)
+    try:
+        files = sorted(folder.glob("*.safetensors"))
+    except OSError as exc:
+        raise WeightError(f"Expected a readable model folder {folder}, got: {exc.strerror}") from None
+    if not files:
+        raise WeightError(f"Expected *.safetensors files in {folder}, got none")
+    expected = expected_shapes(cfg)
+    moe_layers = {i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)}
+    seen: dict[str, Path] = {}
+    plan = []
+    for path in files:
+        wanted = []
+        for name, info in read_header(path).items():
+            layer = _LAYER.match(name)
+            if layer and int(layer.group(1)) >= cfg.num_hidden_layers:
+                continue  # multi-token-prediction layers: not used for decoding
+            fused = _FUSED.match(name)
+            if fused and int(_LAYER.match(name).group(1)) in moe_layers:
+                shape = _fused_shapes(name, cfg)
+                covers = [f"{fused.group(1)}{e}.{p}.weight" for e in range(shape[0])
+                          for p in (("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",))]
+            elif name in expected:
+                shape, covers = expected[name], [name]
+            elif name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            else:
+                raise WeightError(f"Expected only tensors of a DeepSeek-V3 model, got unexpected tensor {name!r} in {path.name}")
+            if info.shape != shape:
+                raise WeightError(f"Expected {name} of shape {shape}, got {info.shape} in {path}")
+            if info.dtype not in FLOAT_DTYPES:
+                raise WeightError(f"Expected tensor {name} in {path} to be floating point ({', '.join(FLOAT_DTYPES)}), got {info.dtype}")
+            for n in covers:
+                if n in seen:
+                    raise WeightError(f"Expected tensor {n} once in the checkpoint, got it in {seen[n]} and {path}")
+                seen[n] = path
+            wanted.append(info)
+        plan.append((path, wanted))
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise WeightError(f"Expected tensor {missing[0]!r} in the checkpoint, got none; missing {missing[:3]}{more}")
+    return plan
+
+
 def load_weights(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
     """All tensors of ``folder/*.safetensors`` checked against ``expected_shapes(cfg)``.
 
     Returns name -> tensor in ``dtype`` on ``device`` (routers stay float32, as in transformers).
+    Raises MemoryLimitError when the weights do not fit the device, WeightError for a bad
+    checkpoint; either before any tensor is read.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise WeightError(f"Expected *.safetensors files in {folder}, got none")
-    expected = expected_shapes(cfg)
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                layer = _LAYER.match(name)
-                if layer and int(layer.group(1)) >= cfg.num_hidden_layers:
-                    continue  # multi-token-prediction layers: not used for decoding
-                if _FUSED.match(name):
-                    tensors.update(_split_fused(name, f.get_tensor(name), cfg.moe_intermediate_size))
-                    continue
-                if name not in expected:
-                    if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                        continue
-                    raise WeightError(f"Expected only tensors of a DeepSeek-V3 model, got unexpected tensor {name!r} in {path.name}")
-                tensors[name] = f.get_tensor(name)
-    missing = [n for n in expected if n not in tensors]
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise WeightError(f"Expected tensor {missing[0]!r} in the checkpoint, got none; missing {missing[:3]}{more}")
-    out = {}
-    for name, shape in expected.items():
-        t = tensors[name]
-        if tuple(t.shape) != shape:
-            raise WeightError(f"Expected {name} of shape {shape}, got {tuple(t.shape)}")
+    limits.check(limits.estimate(cfg, device, dtype))
+    plan = plan_load(folder, cfg)
+    out: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, t: torch.Tensor) -> None:
         keep_fp32 = name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
         out[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
-    return out
+
+    for path, infos in plan:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for info in infos:
+                    t = f.get_tensor(info.name)
+                    if _FUSED.match(info.name):
+                        for n, part in _split_fused(info.name, t, cfg.moe_intermediate_size).items():
+                            keep(n, part)
+                    else:
+                        keep(info.name, t)
+                    del t
+        except (OSError, SafetensorError) as exc:
+            raise WeightError(f"Expected to read the tensors of {path}, got: {exc}") from None
+    return {name: out[name] for name in expected_shapes(cfg)}

@@ -55,3 +55,11 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(ids),
                              pad_token_id=0, eos_token_id=None)
     return out[0, len(prompt):].tolist()
+
+
+def hf_generate(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy ``generate`` with the model folder's own generation settings (its eos ids included)."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt):].tolist()

@@ -50,12 +50,37 @@ def edit_config(folder, tmp_path, **changes):
         (dict(n_group=3), r"n_routed_experts divisible by n_group=3"),
         (dict(moe_layer_freq=2), r"moe_layer_freq 1 .*got 2"),
         (dict(hidden_act="gelu"), r"hidden_act 'silu', got 'gelu'"),
+        (dict(rms_norm_eps=float("nan")), r"rms_norm_eps to be a finite number > 0, got nan"),
+        (dict(rms_norm_eps=-1), r"rms_norm_eps to be a finite number > 0, got -1"),
+        (dict(routed_scaling_factor=float("nan")), r"routed_scaling_factor to be a finite number > 0, got nan"),
+        (dict(routed_scaling_factor=float("inf")), r"routed_scaling_factor to be a finite number > 0, got inf"),
+        (dict(num_hidden_layers=-1), r"num_hidden_layers to be a positive integer, got -1"),
+        (dict(hidden_size=0), r"hidden_size to be a positive integer, got 0"),
+        (dict(vocab_size=128.5), r"vocab_size to be a positive integer, got 128.5"),
+        (dict(num_attention_heads=True, num_key_value_heads=None), r"num_attention_heads to be a positive integer, got True"),
+        (dict(q_lora_rank=0), r"q_lora_rank to be a positive integer, got 0"),
+        (dict(n_routed_experts=-4), r"n_routed_experts to be a positive integer, got -4"),
+        (dict(first_k_dense_replace=-1), r"first_k_dense_replace to be a non-negative integer, got -1"),
+        (dict(moe_intermediate_size=0), r"positive moe_intermediate_size for the MoE layers, got 0"),
+        (dict(topk_group=3, n_group=2), r"topk_group <= n_group=2, got 3"),
+        (dict(num_experts_per_tok=3), r"num_experts_per_tok <= topk_group x experts per group \(2\), got 3"),
+        (dict(qk_rope_head_dim=15), r"even qk_rope_head_dim"),
+        (dict(attention_bias="yes"), r"attention_bias to be true or false, got 'yes'"),
+        (dict(rope_parameters="yarn"), r"rope_parameters to be an object, got 'yarn'"),
+        (dict(rope_parameters=dict(rope_type="default", rope_theta=float("nan"))), r"rope_parameters.rope_theta to be a finite number > 1, got nan"),
+        (dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=-4.0, original_max_position_embeddings=64)),
+         r"rope_parameters.factor to be a finite number > 0, got -4.0"),
+        (dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0, original_max_position_embeddings=0)),
+         r"rope_parameters.original_max_position_embeddings to be a positive integer, got 0"),
+        (dict(architectures="DeepseekV3ForCausalLM"), r"architectures to be a list"),
+        (dict(quantization_config="fp8"), r"quant_method='fp8'"),
     ],
 )
 def test_bad_configs_name_the_key(folder, tmp_path, changes, message):
     bad = edit_config(folder, tmp_path, **changes)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as info:
         DeepseekV3Model.from_folder(bad)
+    assert str(info.value).startswith(f"{bad / 'config.json'}: ")  # the file is named
 
 
 def test_missing_config(tmp_path):

@@ -1,0 +1,260 @@
+"""What the engine will allocate, estimated from the config and the request sizes, and checked
+against the device's free memory before anything is allocated.
+
+bytes = weights + KV pool + activations (on the device), plus host bytes (staging while loading
+and bookkeeping), each in closed form:
+
+- weights: parameters x model dtype size (routers in float32, as the model keeps them), plus
+  the absorbed W_UK / W_UV copies of every ``kv_b_proj``, plus one MoE layer's routed experts
+  twice more while the model stacks them.
+- KV pool: slots x layers x latent_dim x pool dtype size.
+- activations: the larger of a prefill chunk and a decode / verify step, plus the rope tables:
+  * per token of a forward (the chunk's tokens in prefill; requests x (1 + drafts) in a step):
+    14 hidden-wide, 4 MLP-wide and 6 head-wide (heads x max(qk_head_dim, latent_dim)) vectors
+    in the model dtype, 2 hidden-wide (RMSNorm's statistics) and 8 router-wide in float32;
+  * prefill attention (one request and one layer at a time), per token of context: the gathered
+    latent rows twice, the per-head K/V expansion through ``kv_b_proj``, K and V for SDPA and a
+    contiguous copy of each, in the model dtype; and per (query, key) of a 4096-query SDPA chunk 9
+    bytes: the bool causal mask, its float conversion and one aligned copy of that;
+  * a decode / verify step: float32 logits [tokens, vocab] twice, and the reference backend's
+    attention (the larger of the two backends): one request's rows gathered and upcast, its
+    [T, L] visibility mask and three score groups of up to ``DEFAULT_CHUNK_BYTES``;
+  * rope: float32 cos and sin of up to twice the longest position, old and new while grown.
+- host: a random model draws every weight in float32 first; a checkpoint is read one tensor at
+  a time (its largest tensor in float64 bounds that); 1 KiB per tensor and 64 B per prompt token.
+
+Decisions:
+- Closed form, never per tensor: a config.json with a billion layers (or experts) is refused
+  in microseconds instead of building a billion tensor names.
+- SDPA's fused kernels (flash on CPU, memory-efficient on CUDA) keep no [heads, queries, keys]
+  score tensor; a 50k-token prefill of ``tiny`` on CPU peaks at the float mask's bytes (800 MB),
+  so only the mask terms grow with queries x keys.
+- Available: CUDA: ``torch.cuda.mem_get_info``'s free bytes; CPU: ``MemAvailable`` of
+  /proc/meminfo, or less where the cgroup's limit leaves less (``os.sysconf`` without procfs).
+  On CPU, device and host bytes share that one budget.
+- Margin: refuse above ``MARGIN`` (90%) of what is available: the caching allocator's
+  fragmentation, the kernel backend's split workspace (a few MiB), Python objects and what other
+  processes take meanwhile are not estimated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from serving.engine.config import ModelConfig
+
+MARGIN = 0.9
+SDPA_QUERY_CHUNK = 4096  # attention.PREFILL_QUERY_CHUNK (not imported: that module pulls in the kernel)
+MASK_BYTES_PER_PAIR = 9  # bool mask + its float32 conversion + one aligned copy
+REFERENCE_SCORE_BYTES = 512 << 20  # kernel.reference.DEFAULT_CHUNK_BYTES
+TENSOR_BOOKKEEPING = 1024  # bytes per tensor: name, shape, tensor object
+PROMPT_TOKEN_BOOKKEEPING = 64  # bytes per prompt token: Python lists of ids (a few copies)
+
+
+class MemoryLimitError(ValueError):
+    """What the engine would allocate does not fit the device; the message has the numbers."""
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """Counts over every tensor of ``weights.expected_shapes(cfg)``: ``model`` elements stored in
+    the model dtype, ``fp32`` in float32 (routers), ``tensors`` names, ``largest`` elements of
+    the largest tensor a checkpoint may hold (fused experts included)."""
+
+    model: int
+    fp32: int
+    tensors: int
+    largest: int
+
+    @property
+    def total(self) -> int:
+        return self.model + self.fp32
+
+
+def count_parameters(cfg: ModelConfig) -> Parameters:
+    """Closed-form ``Parameters`` of ``cfg`` (no per-layer or per-expert loop)."""
+    h, heads, r, latent = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.latent_dim
+    q_out = heads * cfg.qk_head_dim
+    attn = latent * h + r + heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * r + h * heads * cfg.v_head_dim
+    attn_tensors = 4
+    if cfg.q_lora_rank is None:
+        attn, attn_tensors = attn + q_out * h, attn_tensors + 1
+    else:
+        q = cfg.q_lora_rank
+        attn, attn_tensors = attn + q * h + q + q_out * q, attn_tensors + 3
+        if cfg.attention_bias:
+            attn, attn_tensors = attn + q, attn_tensors + 1
+    if cfg.attention_bias:
+        attn, attn_tensors = attn + latent + h, attn_tensors + 2
+    layers = cfg.num_hidden_layers
+    moe_layers = max(0, layers - cfg.first_k_dense_replace) if cfg.n_routed_experts else 0
+    dense_layers = layers - moe_layers
+    experts, inter = cfg.n_routed_experts or 0, cfg.moe_intermediate_size
+    moe = experts * 3 * inter * h + (3 * inter * cfg.n_shared_experts * h if cfg.n_shared_experts else 0)
+    moe_tensors = 2 + 3 * experts + (3 if cfg.n_shared_experts else 0)
+    head = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    model = head + h + layers * (2 * h + attn) + dense_layers * 3 * cfg.intermediate_size * h + moe_layers * moe
+    fp32 = moe_layers * (experts * h + experts)
+    tensors = 2 + (0 if cfg.tie_word_embeddings else 1) + layers * (2 + attn_tensors) + dense_layers * 3 + moe_layers * moe_tensors
+    largest = max(cfg.vocab_size * h, q_out * max(h, cfg.q_lora_rank or 0), heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * r,
+                  h * heads * cfg.v_head_dim, cfg.intermediate_size * h if dense_layers else 0,
+                  experts * 2 * inter * h if moe_layers else 0, 3 * inter * cfg.n_shared_experts * h if moe_layers else 0)
+    return Parameters(model, fp32, tensors, largest)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Estimated bytes (see the module docstring) and the sizes they were computed from."""
+
+    device: torch.device
+    weights: int
+    pool: int
+    activations: int
+    host: int
+    parameters: int
+    dtype: torch.dtype
+    slots: int
+    layers: int
+    latent_dim: int
+    pool_dtype: torch.dtype
+    chunk: int
+    context: int
+    prefill: int
+    step_context: int
+    step: int
+
+    @property
+    def on_device(self) -> int:
+        """Bytes from the device's budget (on CPU: everything)."""
+        own = self.weights + self.pool + self.activations
+        return own + (self.host if self.device.type == "cpu" else 0)
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def estimate(
+    cfg: ModelConfig,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    pool_dtype: torch.dtype | None = None,
+    pool_slots: int = 0,
+    prompt_lens: list[int] | tuple[int, ...] = (),
+    max_new_tokens: int = 0,
+    prefill_chunk: int = 8192,
+    draft_tokens: int = 0,
+    random_weights: bool = False,
+) -> Footprint:
+    """The bytes a model of ``cfg`` in ``dtype`` on ``device`` with a pool of ``pool_slots`` rows
+    takes to serve prompts of ``prompt_lens`` tokens (``draft_tokens`` per verify step).
+
+    random_weights: weights drawn in float32 on the host (``random_models``), else read from a
+    checkpoint. With no slots and no prompts it covers loading the weights only.
+    """
+    device = torch.device(device)
+    pool_dtype = pool_dtype or dtype
+    a, f32 = _size(dtype), 4
+    params = count_parameters(cfg)
+    h, heads, latent = cfg.hidden_size, cfg.num_attention_heads, cfg.latent_dim
+    kv_b = heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * cfg.kv_lora_rank
+    moe_layers = cfg.num_hidden_layers > cfg.first_k_dense_replace and bool(cfg.n_routed_experts)
+    stacking = 2 * (cfg.n_routed_experts or 0) * 3 * cfg.moe_intermediate_size * h * a if moe_layers else 0
+    weights = params.model * a + params.fp32 * f32 + cfg.num_hidden_layers * kv_b * a + stacking
+    pool = pool_slots * cfg.num_hidden_layers * latent * _size(pool_dtype)
+
+    longest = max(prompt_lens, default=0)
+    chunk = min(prefill_chunk, longest)
+    width_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * max(2, cfg.n_shared_experts))
+    per_token = a * (14 * h + 4 * width_mlp + 6 * heads * max(cfg.qk_head_dim, latent)) + f32 * (2 * h + 8 * (cfg.n_routed_experts or 0))
+    per_context = a * (2 * latent + heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) + 4 * heads * cfg.qk_head_dim) + 12
+    prefill = chunk * per_token + longest * per_context + min(chunk, SDPA_QUERY_CHUNK) * longest * MASK_BYTES_PER_PAIR
+    step_context = min(pool_slots, longest + max_new_tokens + 64) if prompt_lens else 0
+    t = 1 + draft_tokens
+    tokens = len(prompt_lens) * t
+    scores = 3 * min(t * heads * step_context * f32, max(REFERENCE_SCORE_BYTES, t * step_context * f32))
+    step = tokens * (per_token + 2 * f32 * cfg.vocab_size) + step_context * (2 * latent * f32 + t) + scores
+    rope = 16 * max(step_context, longest, 2048) * cfg.qk_rope_head_dim if prompt_lens else 0
+    activations = (max(prefill, step) + rope + 8 * pool_slots) if prompt_lens else 0
+
+    staging = params.total * f32 if random_weights else params.largest * 8
+    if random_weights and device.type == "cpu" and dtype == torch.float32:
+        staging = 0  # the float32 draws are the weights
+    host = staging + params.tensors * TENSOR_BOOKKEEPING + sum(prompt_lens) * PROMPT_TOKEN_BOOKKEEPING
+    return Footprint(device, weights, pool, activations, host, params.total, dtype, pool_slots, cfg.num_hidden_layers,
+                     latent, pool_dtype, chunk, longest, prefill, step_context, step)
+
+
+def host_available_bytes() -> int:
+    """Bytes the host can still hand out: /proc/meminfo's MemAvailable, capped by the cgroup's limit."""
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit, usage = Path(limit_file).read_text().strip(), int(Path(usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit():
+            avail = min(avail, max(0, int(limit) - usage))
+    return avail
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free bytes of ``device``: ``torch.cuda.mem_get_info`` on CUDA, the host's otherwise."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return host_available_bytes()
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def check(fp: Footprint, device_free: int | None = None, host_free: int | None = None) -> None:
+    """MemoryLimitError unless ``fp`` fits ``MARGIN`` of the free bytes (measured when not given)."""
+    device_free = available_bytes(fp.device) if device_free is None else device_free
+    if fp.on_device > MARGIN * device_free:
+        parts = [("weights", fp.weights), ("KV pool", fp.pool), ("activations", fp.activations)]
+        if fp.device.type == "cpu":
+            parts.append(("host", fp.host))
+        _refuse(fp, fp.on_device, device_free, str(fp.device), max(parts, key=lambda p: p[1])[0])
+    if fp.device.type != "cpu":
+        host_free = host_available_bytes() if host_free is None else host_free
+        if fp.host > MARGIN * host_free:
+            _refuse(fp, fp.host, host_free, "the host", "host")
+
+
+HINTS = {
+    "weights": "the weights alone are too large: use a device with more memory, a smaller dtype or a smaller model",
+    "KV pool": "use fewer KV pool slots (--pool-slots, or shorter prompts and fewer --max-new-tokens)",
+    "activations": "use a smaller --prefill-chunk, shorter prompts or fewer --max-new-tokens",
+    "host": "free host memory, or load a smaller model",
+}
+
+
+def _refuse(fp: Footprint, need: int, free: int, where: str, largest: str) -> None:
+    raise MemoryLimitError(
+        f"Expected what the engine allocates to fit in {int(MARGIN * 100)}% of the {fmt_bytes(free)} free on {where}, "
+        f"got an estimated {fmt_bytes(need)}: weights {fmt_bytes(fp.weights)} ({fp.parameters:,} parameters, "
+        f"{str(fp.dtype).removeprefix('torch.')}), KV pool {fmt_bytes(fp.pool)} ({fp.slots:,} slots x {fp.layers:,} layers x "
+        f"{fp.latent_dim} x {_size(fp.pool_dtype)} B), activations {fmt_bytes(fp.activations)} (prefill {fmt_bytes(fp.prefill)} "
+        f"for a {fp.chunk:,}-token chunk over {fp.context:,} tokens of context, decode {fmt_bytes(fp.step)} over up to "
+        f"{fp.step_context:,} tokens), host {fmt_bytes(fp.host)}; {HINTS[largest]}"
+    )
