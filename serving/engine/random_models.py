@@ -98,12 +98,12 @@ def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dty
     when its weights would not fit ``device``."""
     cfg = preset_config(name, **overrides)
     device = torch.device(device)
-    shapes = expected_shapes(cfg)
-    on_device = sum(math.prod(s) for s in shapes.values()) > DEVICE_DRAW_PARAMS and device.type == "cuda"
-    limits.check(limits.estimate(cfg, device, dtype, random_weights=not on_device))  # before drawing anything
+    on_device = limits.count_parameters(cfg).total > DEVICE_DRAW_PARAMS and device.type == "cuda"
+    limits.check(limits.estimate(cfg, device, dtype, random_weights=not on_device))  # before drawing or listing anything
     if on_device:
         gen = torch.Generator(device=device).manual_seed(seed)
-        weights = {k: _draw(k, s, gen, device).to(torch.float32 if _keeps_fp32(k) else dtype) for k, s in shapes.items()}
+        weights = {k: _draw(k, s, gen, device).to(torch.float32 if _keeps_fp32(k) else dtype)
+                   for k, s in expected_shapes(cfg).items()}
     else:
         weights = {k: v.to(device=device, dtype=torch.float32 if _keeps_fp32(k) else dtype)
                    for k, v in random_weights(cfg, seed).items()}
