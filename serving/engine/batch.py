@@ -166,11 +166,17 @@ def _words(n: int, per_word: int) -> int:
 @dataclass
 class PackedStep:
     """A step's fields packed per ``layout``: ``host`` int64 (pinned on CUDA) and the named
-    numpy views into it (``fill`` writes them); ``views(device_buffer)`` names the device copy."""
+    numpy views into it (``fill`` writes them); ``views(device_buffer)`` names the device copy.
+
+    The host cost of a step is mostly Python calls, so the views are made once and ``fill``
+    writes each field with one or two numpy calls.
+    """
 
     layout: StepLayout
     host: torch.Tensor
     offsets: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # name -> (byte offset, count, dtype)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    _device_views: tuple | None = None
 
     @staticmethod
     def allocate(layout: StepLayout, pin: bool) -> "PackedStep":
@@ -181,82 +187,83 @@ class PackedStep:
                 offsets[name] = (words * 8, count, dtype)
                 words += _words(count, per_word)
         host = torch.zeros(max(words, 2), dtype=torch.int64, pin_memory=pin)
-        return PackedStep(layout, host, offsets)
+        raw = host.numpy().view(np.uint8)
+        arrays = {name: raw[start : start + count * np.dtype(dtype).itemsize].view(dtype)
+                  for name, (start, count, dtype) in offsets.items()}
+        return PackedStep(layout, host, offsets, arrays)
 
     def numpy(self, name: str) -> np.ndarray:
-        start, count, dtype = self.offsets[name]
-        return self.host.numpy().view(np.uint8)[start : start + count * np.dtype(dtype).itemsize].view(dtype)
+        return self.arrays[name]
 
     def views(self, device_buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Named views of ``device_buffer`` (the host buffer's copy), made once per buffer."""
+        if self._device_views is not None and self._device_views[0] is device_buffer:
+            return self._device_views[1]
         raw = device_buffer.view(torch.uint8)
-        out = {}
-        for name, (start, count, dtype) in self.offsets.items():
-            out[name] = raw[start : start + count * np.dtype(dtype).itemsize].view(getattr(torch, dtype))
+        out = {name: raw[start : start + count * np.dtype(dtype).itemsize].view(getattr(torch, dtype))
+               for name, (start, count, dtype) in self.offsets.items()}
+        self._device_views = (device_buffer, out)
         return out
 
     def fill(self, step: StepBatch) -> None:
         """Write ``step`` into the host buffer; fields past the step are padding (zeros, and
-        parents / rows of padded acceptance cells pointing at themselves)."""
+        parents of padded acceptance cells pointing at themselves)."""
         lay = self.layout
         if not lay.holds(step):
             raise ValueError(f"Expected a step within the layout {lay}, got {StepLayout.exact(step)}")
+        a = self.arrays
+        self.host.numpy().fill(0)  # one memset: every field's padding is zero but the parents'
         entries = step.entries
-        t_lens = np.fromiter((e.num_tokens for e in entries), dtype=np.int64, count=len(entries))
-        n = int(t_lens.sum())
-        for name in ("input_ids", "positions", "out_slots"):
-            self.numpy(name)[:] = 0
-        self.numpy("input_ids")[:n] = [x for e in entries for x in e.tokens]
-        self.numpy("positions")[:n] = [x for e in entries for x in e.positions]
-        self.numpy("out_slots")[:n] = [x for e in entries for x in e.tail[len(e.tail) - e.num_tokens :]]
         b = len(entries)
-        for name in ("rows", "prefix_lens"):
-            self.numpy(name)[:] = 0
-        self.numpy("rows")[:b] = [e.row for e in entries]
-        self.numpy("prefix_lens")[:b] = [e.prefix_len for e in entries]
-        qo = self.numpy("qo_indptr")
-        kv = self.numpy("kv_indptr")
-        ti = self.numpy("tail_indptr")
-        qo[0] = kv[0] = ti[0] = 0
+        t_lens = [e.num_tokens for e in entries]
+        n = sum(t_lens)
+        a["input_ids"][:n] = [x for e in entries for x in e.tokens]
+        a["positions"][:n] = [x for e in entries for x in e.positions]
+        a["out_slots"][:n] = [x for e in entries for x in e.tail[len(e.tail) - e.num_tokens :]]
+        a["rows"][:b] = [e.row for e in entries]
+        a["prefix_lens"][:b] = [e.prefix_len for e in entries]
+        qo, kv, ti = a["qo_indptr"], a["kv_indptr"], a["tail_indptr"]
         np.cumsum(t_lens, out=qo[1 : b + 1])
         np.cumsum([e.kv_len for e in entries], out=kv[1 : b + 1])
         np.cumsum([len(e.tail) for e in entries], out=ti[1 : b + 1])
         qo[b + 1 :], kv[b + 1 :], ti[b + 1 :] = qo[b], kv[b], ti[b]  # padded entries are empty
         tails = [x for e in entries for x in e.tail]
-        self.numpy("tails")[: len(tails)] = tails
-        self._fill_tree(step, qo)
+        a["tails"][: len(tails)] = tails
+        self._fill_tree(step, t_lens)
 
-    def _fill_tree(self, step: StepBatch, qo: np.ndarray) -> None:
+    def _fill_tree(self, step: StepBatch, t_lens: list[int]) -> None:
         w = self.layout.width
-        grid_rows = self.numpy("grid_rows").reshape(-1, w)
-        parents = self.numpy("grid_parents").reshape(-1, w)
-        depth = self.numpy("grid_depth").reshape(-1, w)
-        valid = self.numpy("grid_valid").reshape(-1, w)
-        anc = self.numpy("grid_anc").reshape(-1, w, w)
-        mask = self.numpy("tree_mask")
-        # Padding: a cell is its own parent at depth 0, invalid, reading row 0.
-        grid_rows[:] = 0
-        parents[:] = np.arange(w)
-        depth[:] = 0
-        valid[:] = False
-        anc[:] = False
-        mask[:] = False
-        offset = 0
+        grid_rows = self.arrays["grid_rows"].reshape(-1, w)
+        parents = self.arrays["grid_parents"].reshape(-1, w)
+        depth = self.arrays["grid_depth"].reshape(-1, w)
+        valid = self.arrays["grid_valid"].reshape(-1, w)
+        anc = self.arrays["grid_anc"].reshape(-1, w, w)
+        parents[:] = np.arange(w)  # padded cells: their own parent, depth 0, invalid, reading row 0
+        if w == 1:  # one token per entry (decode): a single cell each, no tree
+            b = len(t_lens)
+            grid_rows[:b, 0] = np.arange(b)
+            valid[:b, 0] = True
+            anc[:b, 0, 0] = True
+            return
+        mask = self.arrays["tree_mask"]
+        offset, row = 0, 0
         for b, e in enumerate(step.entries):
-            t = e.num_tokens
-            grid_rows[b, :t] = qo[b] + np.arange(t)
+            t = t_lens[b]
+            grid_rows[b, :t] = np.arange(row, row + t)
             valid[b, :t] = True
-            if e.parents is None:  # decode / extend: a chain
+            if e.parents is None:  # extend / decode entries: a chain
                 parents[b, :t] = np.maximum(np.arange(t) - 1, 0)
                 depth[b, :t] = np.arange(t)
                 tri = np.tri(t, dtype=bool)
             else:
                 d, tri = tree_arrays(e.parents)
-                parents[b, :t] = [max(p, 0) for p in e.parents]
+                parents[b, :t] = np.maximum(e.parents, 0)
                 depth[b, :t] = d
             anc[b, :t, :t] = tri
             if step.kind == "verify":
                 mask[offset : offset + t * t] = tri.reshape(-1)
                 offset += t * t
+            row += t
 
 
 @dataclass

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from serving.engine import fused
 from serving.engine.attention import AttentionBackend
 from serving.engine.batch import ForwardBatch
 from serving.engine.config import ModelConfig
@@ -39,10 +40,21 @@ DENSE_EXPERT_ELEMENTS = 1 << 26  # bound on the [experts, rows, 2 * moe_intermed
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, then scale."""
+    """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, then scale (one fused
+    kernel for the rows of a CUDA matrix)."""
+    if fused.available(x) and x.dim() == 2 and x.stride(-1) == 1:
+        return fused.rms_norm(x, weight, eps)
     x32 = x.float()
     x32 = x32 * x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # in place on the fresh [.., 1] statistics
     return weight * x32.to(x.dtype)
+
+
+def add_rms_norm(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + y), x + y): the residual add and the next norm, fused on CUDA."""
+    if fused.available(x) and x.dim() == 2 and x.stride(-1) == 1 and y.stride(-1) == 1 and x.dtype == y.dtype:
+        return fused.rms_norm(y, weight, eps, residual=x)
+    total = x + y
+    return rms_norm(total, weight, eps), total
 
 
 class DeepseekV3Model:
@@ -76,6 +88,26 @@ class DeepseekV3Model:
                         del weights[f"{m}{e}.{part}.weight"]
                 self.experts[i] = (gate_up, down)
         self.lm_head = weights["model.embed_tokens.weight"] if cfg.tie_word_embeddings else weights["lm_head.weight"]
+        # Projections of the same input as one matrix (one GEMM launch instead of two, the same
+        # bytes read); the named weights become views of it.
+        self.fused: dict[str, torch.Tensor] = {}
+        for i in range(cfg.num_hidden_layers):
+            a = f"model.layers.{i}.self_attn."
+            if cfg.q_lora_rank is not None and not cfg.attention_bias:
+                self._fuse(a + "q_a_kv_a", [a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"])
+            for m in (f"model.layers.{i}.mlp.", f"model.layers.{i}.mlp.shared_experts."):
+                if m + "gate_proj.weight" in weights:
+                    self._fuse(m + "gate_up", [m + "gate_proj.weight", m + "up_proj.weight"])
+
+    def _fuse(self, name: str, parts: list[str]) -> None:
+        """Concatenate the weights ``parts`` (rows) into ``self.fused[name]`` and rebind each to its view."""
+        whole = torch.cat([self.w[p] for p in parts])
+        start = 0
+        for p in parts:
+            rows = self.w[p].shape[0]
+            self.w[p] = whole[start : start + rows]
+            start += rows
+        self.fused[name] = whole
 
     @staticmethod
     def from_folder(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "DeepseekV3Model":
@@ -103,15 +135,23 @@ class DeepseekV3Model:
     def _attention(self, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend, rope_tables) -> torch.Tensor:
         cfg, p = self.cfg, f"model.layers.{i}.self_attn."
         n, heads, nope, rope_dim, r = x.shape[0], cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
-        if cfg.q_lora_rank is None:
-            q = self._linear(x, p + "q_proj")
+        both = self.fused.get(p + "q_a_kv_a")
+        if both is not None:  # q's down-projection and the latent row in one GEMM
+            q_latent_rows = F.linear(x, both)
+            q_a, latent = q_latent_rows[:, : cfg.q_lora_rank], q_latent_rows[:, cfg.q_lora_rank :]
+            q = self._linear(rms_norm(q_a, self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
         else:
-            q = self._linear(x, p + "q_a_proj")
-            q = self._linear(rms_norm(q, self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
+            if cfg.q_lora_rank is None:
+                q = self._linear(x, p + "q_proj")
+            else:
+                q = self._linear(rms_norm(self._linear(x, p + "q_a_proj"), self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
+            latent = self._linear(x, p + "kv_a_proj_with_mqa")
         q = q.view(n, heads, nope + rope_dim)
-        latent = self._linear(x, p + "kv_a_proj_with_mqa")
         # q's heads and the shared key as one [N, H + 1, rope] tensor: one rotation (elementwise, same values) instead of two.
-        roped = self.rope.apply(torch.cat([q[..., nope:], latent[:, None, r:]], dim=1), batch.positions, rope_tables)
+        if fused.available(x):
+            roped = fused.rope_q_and_key(q[..., nope:], latent[:, r:], *rope_tables, self.rope.interleave)
+        else:
+            roped = self.rope.apply(torch.cat([q[..., nope:], latent[:, None, r:]], dim=1), batch.positions, rope_tables)
         q_nope, q_rope, k_rope = q[..., :nope], roped[:, :heads], roped[:, heads]
         c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
         pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))  # distinct, but padding rows all write slot 0
@@ -125,7 +165,8 @@ class DeepseekV3Model:
         return self._linear(out.reshape(n, heads * cfg.v_head_dim), p + "o_proj")
 
     def _mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
-        return self._linear(F.silu(self._linear(x, prefix + "gate_proj")) * self._linear(x, prefix + "up_proj"), prefix + "down_proj")
+        gate, up = F.linear(x, self.fused[prefix + "gate_up"]).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * up, prefix + "down_proj")
 
     def route(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k experts of each token: (weights fp32 [N, k], indices int64 [N, k])."""
@@ -191,12 +232,16 @@ class DeepseekV3Model:
         grouped = batch.kind == "extend"
         x = self.w["model.embed_tokens.weight"].index_select(0, batch.input_ids)
         rope_tables = self.rope.tables(batch.positions, x.dtype)
-        for i in range(num_layers or cfg.num_hidden_layers):
+        layers = num_layers or cfg.num_hidden_layers
+        h = rms_norm(x, self.w["model.layers.0.input_layernorm.weight"], cfg.rms_norm_eps)
+        for i in range(layers):
             p = f"model.layers.{i}."
-            x = x + self._attention(rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps), i, batch, pool, backend, rope_tables)
-            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            x = x + (self._moe(h, i, grouped) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
-        if logits_rows is not None:
-            x = x[logits_rows]
-        x = rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+            attn = self._attention(h, i, batch, pool, backend, rope_tables)
+            h, x = add_rms_norm(attn, x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)  # x += attn
+            mlp = self._moe(h, i, grouped) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp.")
+            after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < layers else "model.norm.weight"
+            if logits_rows is None or i + 1 < layers:
+                h, x = add_rms_norm(mlp, x, self.w[after], cfg.rms_norm_eps)  # x += mlp, then the next norm
+            else:
+                h = rms_norm((x + mlp)[logits_rows], self.w[after], cfg.rms_norm_eps)
+        return F.linear(h, self.lm_head).float()
