@@ -19,6 +19,10 @@ Decisions:
   fixed shapes, and it reads every expert's weights once, which a decode batch touching
   most experts does anyway. Prefill (extend, never captured) groups rows by expert, which
   needs the expert list on the host (one sync per MoE layer).
+- Tensor parallelism (``tp``, see ``serving.engine.parallel`` and ``sharding``): a rank holds
+  its heads, its share of every MLP's intermediate dim, its experts and its vocab rows of the
+  head; attention and MLP outputs are partial sums, all-reduced once each per layer, and the
+  logits are gathered. Without ``tp`` every collective is the identity.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from serving.engine.attention import AttentionBackend
 from serving.engine.batch import ForwardBatch
 from serving.engine.config import ModelConfig
 from serving.engine.kv_pool import KVPool
+from serving.engine.parallel import TensorParallel
 from serving.engine.rope import RotaryEmbedding, softmax_scale
+from serving.engine.sharded_weights import load_sharded_weights
 from serving.engine.weights import load_weights
 
 DENSE_EXPERT_ELEMENTS = 1 << 26  # bound on the [experts, rows, 2 * moe_intermediate] temporary of the dense path
@@ -60,19 +66,25 @@ def add_rms_norm(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: fl
 class DeepseekV3Model:
     """Weights by transformers' names; ``forward`` runs a batch and returns float32 logits.
 
-    weights: name -> tensor (as from ``load_weights``), dtype: compute dtype.
+    weights: name -> tensor (as from ``load_weights``, or this rank's parts of them as from
+    ``sharded_weights``), dtype: compute dtype, tp: this rank's tensor-parallel group (None:
+    one process). ``cfg`` is the checkpoint's; ``num_local_heads`` the heads this rank computes.
     """
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype,
+                 tp: TensorParallel | None = None) -> None:
         self.cfg = cfg
         self.w = weights
         self.device = torch.device(device)
         self.dtype = dtype
+        self.tp = tp or TensorParallel(device=self.device)
+        self.num_local_heads = len(self.tp.heads(cfg.num_attention_heads))
+        self.local_experts = self.tp.experts(cfg.n_routed_experts)
         self.rope = RotaryEmbedding(cfg, self.device)
         self.sm_scale = softmax_scale(cfg)
-        h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
-        self.w_uk: list[torch.Tensor] = []  # [H, nope, r] per layer
-        self.w_uv: list[torch.Tensor] = []  # [H, v, r] per layer
+        h, nope, v = self.num_local_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+        self.w_uk: list[torch.Tensor] = []  # [local heads, nope, r] per layer
+        self.w_uv: list[torch.Tensor] = []  # [local heads, v, r] per layer
         self.experts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for i in range(cfg.num_hidden_layers):
             kvb = weights[f"model.layers.{i}.self_attn.kv_b_proj.weight"].view(h, nope + v, cfg.kv_lora_rank)
@@ -81,13 +93,15 @@ class DeepseekV3Model:
             if cfg.is_moe_layer(i):
                 m = f"model.layers.{i}.mlp.experts."
                 gate_up = torch.stack([torch.cat([weights[f"{m}{e}.gate_proj.weight"], weights[f"{m}{e}.up_proj.weight"]])
-                                       for e in range(cfg.n_routed_experts)])
-                down = torch.stack([weights[f"{m}{e}.down_proj.weight"] for e in range(cfg.n_routed_experts)])
-                for e in range(cfg.n_routed_experts):
+                                       for e in self.local_experts])
+                down = torch.stack([weights[f"{m}{e}.down_proj.weight"] for e in self.local_experts])
+                for e in self.local_experts:
                     for part in ("gate_proj", "up_proj", "down_proj"):
                         del weights[f"{m}{e}.{part}.weight"]
                 self.experts[i] = (gate_up, down)
-        self.lm_head = weights["model.embed_tokens.weight"] if cfg.tie_word_embeddings else weights["lm_head.weight"]
+        # This rank's vocab rows (untied: already its part of lm_head.weight).
+        self.lm_head = self.tp.vocab_rows(weights["model.embed_tokens.weight"], cfg.vocab_size) if cfg.tie_word_embeddings \
+            else weights["lm_head.weight"]
         # Projections of the same input as one matrix (one GEMM launch instead of two, the same
         # bytes read); the named weights become views of it.
         self.fused: dict[str, torch.Tensor] = {}
@@ -110,9 +124,13 @@ class DeepseekV3Model:
         self.fused[name] = whole
 
     @staticmethod
-    def from_folder(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "DeepseekV3Model":
+    def from_folder(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    tp: TensorParallel | None = None) -> "DeepseekV3Model":
+        """Load ``folder``; with ``tp``, only this rank's parts of the tensors (every rank calls it)."""
         cfg = ModelConfig.from_folder(folder)
-        return DeepseekV3Model(cfg, load_weights(folder, cfg, dtype, torch.device(device)), device, dtype)
+        if tp is None:
+            return DeepseekV3Model(cfg, load_weights(folder, cfg, dtype, torch.device(device)), device, dtype)
+        return DeepseekV3Model(cfg, load_sharded_weights(folder, cfg, dtype, torch.device(device), tp), device, dtype, tp)
 
     @property
     def num_layers(self) -> int:
@@ -134,7 +152,7 @@ class DeepseekV3Model:
 
     def _attention(self, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend, rope_tables) -> torch.Tensor:
         cfg, p = self.cfg, f"model.layers.{i}.self_attn."
-        n, heads, nope, rope_dim, r = x.shape[0], cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        n, heads, nope, rope_dim, r = x.shape[0], self.num_local_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         both = self.fused.get(p + "q_a_kv_a")
         if both is not None:  # q's down-projection and the latent row in one GEMM
             q_latent_rows = F.linear(x, both)
@@ -189,16 +207,20 @@ class DeepseekV3Model:
         """Routed experts plus shared ones. ``grouped``: rows gathered per chosen expert (one
         host sync); else every expert over every row (capture-safe, see the module docstring)."""
         weights, idx = self.route(x, i)
-        gate_up, down = self.experts[i]
+        gate_up, down = self.experts[i]  # this rank's experts: self.local_experts
+        first = self.local_experts.start
         if grouped:
             out = torch.zeros_like(x)
             for e in torch.unique(idx).tolist():
+                if e not in self.local_experts:
+                    continue
                 token, slot = torch.where(idx == e)
-                gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
+                gate, up = F.linear(x[token], gate_up[e - first]).chunk(2, dim=-1)
+                y = F.linear(F.silu(gate) * up, down[e - first]) * weights[token, slot, None]
                 out.index_add_(0, token, y.to(out.dtype))
         else:
-            dense = torch.zeros(x.shape[0], gate_up.shape[0], dtype=weights.dtype, device=x.device).scatter_(1, idx, weights)
+            dense = torch.zeros(x.shape[0], self.cfg.n_routed_experts, dtype=weights.dtype, device=x.device).scatter_(1, idx, weights)
+            dense = dense[:, first : first + gate_up.shape[0]]
             out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
             group = max(1, DENSE_EXPERT_ELEMENTS // max(1, x.shape[0] * gate_up.shape[1]))
             for e0 in range(0, gate_up.shape[0], group):
@@ -236,12 +258,12 @@ class DeepseekV3Model:
         h = rms_norm(x, self.w["model.layers.0.input_layernorm.weight"], cfg.rms_norm_eps)
         for i in range(layers):
             p = f"model.layers.{i}."
-            attn = self._attention(h, i, batch, pool, backend, rope_tables)
+            attn = self.tp.all_reduce(self._attention(h, i, batch, pool, backend, rope_tables))
             h, x = add_rms_norm(attn, x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)  # x += attn
-            mlp = self._moe(h, i, grouped) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp.")
+            mlp = self.tp.all_reduce(self._moe(h, i, grouped) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
             after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < layers else "model.norm.weight"
             if logits_rows is None or i + 1 < layers:
                 h, x = add_rms_norm(mlp, x, self.w[after], cfg.rms_norm_eps)  # x += mlp, then the next norm
             else:
                 h = rms_norm((x + mlp)[logits_rows], self.w[after], cfg.rms_norm_eps)
-        return F.linear(h, self.lm_head).float()
+        return self.tp.gather_vocab(F.linear(h, self.lm_head), cfg.vocab_size).float()

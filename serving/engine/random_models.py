@@ -24,6 +24,8 @@ import torch
 from serving.engine import limits
 from serving.engine.config import ModelConfig
 from serving.engine.model import DeepseekV3Model
+from serving.engine.parallel import TensorParallel
+from serving.engine.sharded_weights import shard_weights
 from serving.engine.weights import expected_shapes
 
 PRESETS: dict[str, dict] = {
@@ -93,18 +95,20 @@ def _keeps_fp32(name: str) -> bool:
     return name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
 
 
-def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> DeepseekV3Model:
+def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 tp: TensorParallel | None = None, **overrides) -> DeepseekV3Model:
     """A seeded random model of preset ``name`` (config fields may be overridden); MemoryLimitError
-    when its weights would not fit ``device``."""
+    when its weights would not fit ``device``. With ``tp``, this rank's parts of the same tensors
+    (``sharded_weights.shard_weights``; the memory check counts the whole model, which a rank
+    draws one tensor at a time)."""
     cfg = preset_config(name, **overrides)
     device = torch.device(device)
     on_device = limits.count_parameters(cfg).total > DEVICE_DRAW_PARAMS and device.type == "cuda"
     limits.check(limits.estimate(cfg, device, dtype, random_weights=not on_device))  # before drawing or listing anything
     if on_device:
         gen = torch.Generator(device=device).manual_seed(seed)
-        weights = {k: _draw(k, s, gen, device).to(torch.float32 if _keeps_fp32(k) else dtype)
-                   for k, s in expected_shapes(cfg).items()}
+        full = ((k, _draw(k, s, gen, device).to(torch.float32 if _keeps_fp32(k) else dtype)) for k, s in expected_shapes(cfg).items())
     else:
-        weights = {k: v.to(device=device, dtype=torch.float32 if _keeps_fp32(k) else dtype)
-                   for k, v in random_weights(cfg, seed).items()}
-    return DeepseekV3Model(cfg, weights, device, dtype)
+        full = ((k, v.to(device=device, dtype=torch.float32 if _keeps_fp32(k) else dtype)) for k, v in random_weights(cfg, seed).items())
+    weights = dict(full) if tp is None else shard_weights(full, cfg, tp.size, tp.rank)  # one full tensor at a time
+    return DeepseekV3Model(cfg, weights, device, dtype, tp)

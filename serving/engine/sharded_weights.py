@@ -14,6 +14,7 @@ Decisions:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -29,15 +30,17 @@ def keeps_fp32(name: str) -> bool:
     return name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
 
 
-def shard_weights(weights: dict[str, torch.Tensor], cfg: ModelConfig, size: int, rank: int) -> dict[str, torch.Tensor]:
-    """Rank ``rank``'s parts of a full name -> tensor dict (per-expert names, as
-    ``random_models.random_weights`` draws them)."""
+def shard_weights(weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, size: int,
+                  rank: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s parts of full tensors (a name -> tensor dict or (name, tensor) pairs, per-expert
+    names as ``random_models.random_weights`` draws them); parts are copies, so the full tensors
+    can be freed one at a time."""
     check_shardable(cfg, size)
     out = {}
-    for name, tensor in weights.items():
+    for name, tensor in weights.items() if isinstance(weights, dict) else weights:
         shard = tensor_shard(name, cfg, size, rank)
         if shard is not None:
-            out[name] = take_shard(tensor, shard)
+            out[name] = tensor if shard.whole else take_shard(tensor, shard).clone()
     return out
 
 
