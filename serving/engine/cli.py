@@ -8,6 +8,8 @@ Example::
 Prints the tokens, decode tokens/s, accepted drafts per step and attention's share of a step.
 Generation stops at the model's end-of-sequence ids (``generation_config.json`` or
 ``config.json``, as transformers' ``generate``) unless ``--ignore-eos``.
+Under ``torchrun --nproc-per-node N`` the model runs tensor-parallel over N ranks
+(``serving.engine.tp_launch``); rank 0 prints.
 
 Exit codes: 0 when every request finished; 2 for a usage or input error (bad flag value, config,
 checkpoint, prompt, or more memory than the device has), reported before anything is
@@ -31,7 +33,11 @@ from serving.engine.config import ModelConfig, eos_token_ids
 from serving.engine.drafters import parse_speculate
 from serving.engine.engine import Engine
 from serving.engine.model import DeepseekV3Model
+from serving.engine.parallel import TensorParallel, launched_by_torchrun
 from serving.engine.random_models import PRESETS, preset_config, random_model
+from serving.engine.sharded_weights import load_sharded_weights
+from serving.engine.sharding import rank_config
+from serving.engine.tp_launch import LockstepRunner, run_on_ranks
 from serving.engine.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
 from serving.engine.weights import load_weights
 
@@ -163,13 +169,14 @@ def stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> tuple[int, ...]:
     return eos_token_ids(args.model, cfg.vocab_size) if args.model else ()
 
 
-def generate(args: argparse.Namespace) -> dict:
+def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict:
     """Validate every input, check the memory estimate, then load, allocate and run.
 
     Raises ValueError (UsageError, ConfigError, WeightError, MemoryLimitError) before anything
-    large is allocated.
+    large is allocated. ``tp``: this rank's tensor-parallel group under torchrun (None: one
+    process); the estimate is then of this rank's part.
     """
-    device = resolve_device(args.device)
+    device = resolve_device(args.device) if tp is None else tp.device
     check_options(args)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     backend_name = args.backend or ("kernel" if device.type == "cuda" else "reference")
@@ -190,21 +197,24 @@ def generate(args: argparse.Namespace) -> dict:
     if slots < need:
         raise UsageError(f"Expected --pool-slots >= {need} (the prompts' {sum(lens)} tokens, a slot per request for its next "
                          f"token and the reserved slot 0), got {slots}")
+    estimated = cfg if tp is None else rank_config(cfg, tp.size)  # under TP: this rank's part
     limits.check(limits.estimate(
-        cfg, device, dtype, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=lens, max_new_tokens=args.max_new_tokens,
+        estimated, device, dtype, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=lens, max_new_tokens=args.max_new_tokens,
         prefill_chunk=args.prefill_chunk, draft_tokens=MAX_DRAFT_TOKENS if drafter else 0, random_weights=bool(args.random_model),
     ))
     if args.random_model:
-        model = random_model(args.random_model, device, dtype, args.seed)
+        model = random_model(args.random_model, device, dtype, args.seed, tp=tp)
     else:
-        model = DeepseekV3Model(cfg, load_weights(args.model, cfg, dtype, device), device, dtype)
+        weights = load_weights(args.model, cfg, dtype, device) if tp is None else load_sharded_weights(args.model, cfg, dtype, device, tp)
+        model = DeepseekV3Model(cfg, weights, device, dtype, tp)
     gen = torch.Generator().manual_seed(args.seed)
     prompts += [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in args.random_prompt]
     sizes = graph_batch_sizes(args.graph_batch_sizes, len(prompts) * getattr(drafter, "width", 1))
     context = max(len(p) for p in prompts) + args.max_new_tokens + 2 * MAX_VERIFY_TOKENS
     pool = model.new_pool(slots, pool_dtype, max_requests=len(prompts), max_context=min(context, slots))
-    backend = make_backend(backend_name, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    engine = Engine(model, pool, backend, drafter, prefill_chunk=args.prefill_chunk, eos_token_id=eos, profile=not graphs)
+    backend = make_backend(backend_name, pool, model.num_local_heads, model.cfg.kv_lora_rank, model.sm_scale)
+    engine = Engine(model, pool, backend, drafter, prefill_chunk=args.prefill_chunk, eos_token_id=eos, profile=not graphs,
+                    runner=None if tp is None else LockstepRunner(model, pool, backend, tp))
     warmup_s, graph_bytes = 0.0, 0
     if graphs:
         from serving.graphs import enable_cuda_graphs
@@ -214,7 +224,7 @@ def generate(args: argparse.Namespace) -> dict:
     requests = [engine.add_request(p, args.max_new_tokens) for p in prompts]
     longest = max(len(p) for p in prompts)
     t0 = time.perf_counter()
-    if longest > args.prefill_chunk and not args.json:
+    if longest > args.prefill_chunk and not args.json and (tp is None or tp.rank == 0):
         from rich.progress import Progress
 
         with Progress(transient=True) as bar:
@@ -259,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``generate``; returns the exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
     try:
-        result = generate(args)
+        result = run_on_ranks(args, generate) if launched_by_torchrun() else generate(args)
     except ValueError as exc:
         _error(exc)
         return EXIT_USAGE
@@ -277,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         return EXIT_INTERRUPTED
+    if result is None:  # a tensor-parallel rank other than 0: rank 0 prints
+        return 0
     if args.json:
         print(json.dumps(result))
     else:

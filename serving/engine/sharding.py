@@ -23,7 +23,7 @@ Layout over ``size`` ranks (rank ``r`` of ``size``):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -92,6 +92,18 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
         if cfg.n_shared_experts:
             even_range(cfg.moe_intermediate_size * cfg.n_shared_experts, size, 0,
                        "moe_intermediate_size * n_shared_experts (the shared experts' intermediate size)")
+
+
+def rank_config(cfg: ModelConfig, size: int) -> ModelConfig:
+    """The config one rank's memory is estimated from (``limits.estimate``): heads, the dense
+    intermediate size and the routed experts divided by ``size``; the shared experts, the
+    embeddings and head, the router and the replicated KV pool counted whole (an upper bound)."""
+    if size == 1:
+        return cfg
+    check_shardable(cfg, size)
+    experts = cfg.n_routed_experts // size if cfg.n_routed_experts else cfg.n_routed_experts
+    return replace(cfg, num_attention_heads=cfg.num_attention_heads // size, intermediate_size=cfg.intermediate_size // size,
+                   n_routed_experts=experts)
 
 
 def shared_intermediate(cfg: ModelConfig) -> int:

@@ -1,0 +1,100 @@
+"""``torchrun --nproc-per-node N -m serving generate ...``: every rank runs the same generation
+over its shards; rank 0 prints.
+
+Decisions:
+- Every rank runs the whole engine (scheduling, drafting, acceptance) on replicated state and
+  gets the same logits from the collectives, so every host decision is the same without being
+  sent anywhere. ``LockstepRunner`` checks that with one small collective per step when
+  ``TensorParallel.check_steps`` is on; the outputs of the run are always compared at the end.
+- Failures (see ``serving.engine.parallel``): an error raised on every rank at an agreement
+  point (``RankFailed``) or a divergence (``LockstepError``) is printed once, by rank 0, and
+  every rank exits non-zero; any other error may be this rank's alone, in the middle of the
+  forward's collectives, so the rank prints it with its rank, aborts its process group and
+  exits at once (torchrun then stops the other ranks).
+- Exit codes as in one process: 2 for a bad input (a ValueError on every failed rank), 1 for
+  any other failure.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from serving.engine.attention import AttentionBackend
+from serving.engine.batch import StepBatch
+from serving.engine.kv_pool import KVPool
+from serving.engine.model import DeepseekV3Model
+from serving.engine.model_runner import ModelRunner, StepResult
+from serving.engine.parallel import LockstepError, RankFailed, TensorParallel, init_from_env
+
+
+def step_tokens(result: StepResult) -> list[int]:
+    """What a step decided, flattened: each row's token, accepted paths and bonus tokens, top-k."""
+    values = [t for row in result.pred for t in row]
+    if result.n_accepted is not None:
+        values += result.n_accepted + result.bonus + [c for path in result.path for c in path]
+    if result.topk is not None:
+        values += [t for entry in result.topk for row in entry for t in row]
+    return values
+
+
+class LockstepRunner(ModelRunner):
+    """A ``ModelRunner`` for one rank of ``tp``: with ``tp.check_steps``, every step's decisions
+    (and every prefill's greedy token) are compared across the ranks after the step."""
+
+    def __init__(self, model: DeepseekV3Model, pool: KVPool, backend: AttentionBackend, tp: TensorParallel) -> None:
+        super().__init__(model, pool, backend)
+        self.tp = tp
+        self.steps = 0
+
+    def run(self, step: StepBatch) -> StepResult:
+        result = super().run(step)
+        self.steps += 1
+        if self.tp.check_steps:
+            self.tp.assert_same(step_tokens(result), f"the tokens of step {self.steps} ({step.kind})")
+        return result
+
+    def extend(self, step: StepBatch) -> torch.Tensor | None:
+        logits = super().extend(step)
+        if self.tp.check_steps and logits is not None:
+            self.tp.assert_same(logits.argmax(dim=-1).tolist(), "a prefill's greedy tokens")
+        return logits
+
+
+def device_type(requested: str | None) -> str:
+    """The device type the ranks run on: ``--device``'s, else CUDA when there is a GPU."""
+    return torch.device(requested).type if requested else ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run_on_ranks(args, generate: Callable[..., dict]) -> dict | None:
+    """Join torchrun's process group and run ``generate(args, tp)`` on every rank.
+
+    Returns the result on rank 0 and None on the others; on a failure, prints it (see the
+    module docstring) and raises SystemExit with a non-zero code on every rank.
+    """
+    try:
+        tp = init_from_env(device_type(args.device))
+    except Exception as exc:  # noqa: BLE001 - the one-line message of this rank's failure to start
+        print(f"error: tensor-parallel start-up failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from exc
+    code = 0
+    try:
+        result = generate(args, tp)
+        outputs = [t for r in result["requests"] for t in r["output"] + [-1]]
+        tp.assert_same(outputs, "the generated tokens")
+        result["tensor_parallel"] = tp.size
+    except (RankFailed, LockstepError) as exc:  # raised on every rank at the same point
+        if tp.rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code if isinstance(exc, RankFailed) else 1
+    except Exception as exc:  # noqa: BLE001 - possibly this rank's alone: do not wait for the others
+        print(f"error: rank {tp.rank} of {tp.size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        tp.abort()
+        raise SystemExit(2 if isinstance(exc, ValueError) else 1) from exc
+    finally:
+        tp.close()
+    if code:
+        raise SystemExit(code)
+    return result if tp.rank == 0 else None
