@@ -1,0 +1,98 @@
+"""What each rank of the tensor-parallel tests runs (gloo on the CPU).
+
+``engine_worker`` is spawned by ``torch.multiprocessing.spawn``; ``python -m
+tests.backend.tp_workers fail-mid-run`` runs under torchrun. Both set torchrun's environment
+(``rank_env``) and join through ``parallel.init_from_env`` as the engine does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+from serving.engine import Engine, make_backend, parse_speculate
+from serving.engine.model import DeepseekV3Model
+from serving.engine.parallel import LockstepError, RankFailed, TensorParallel, init_from_env
+from serving.engine.random_models import random_model
+from serving.engine.sharded_weights import load_sharded_weights
+from serving.engine.tp_launch import LockstepRunner, run_on_ranks
+
+PROMPTS = [[1, 2, 3, 4, 5], [9, 9], [7, 8, 9] * 6, list(range(20, 61))]
+MAX_NEW = 12
+SPECS = (None, "tree:2x2")
+MODELS = {"tiny": {}, "tiny-odd-vocab": {"vocab_size": 127}}  # 127: the last rank's head rows are padded
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, size: int, port: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def generate(model: DeepseekV3Model, spec: str | None, tp: TensorParallel | None = None) -> list[list[int]]:
+    """Greedy outputs of PROMPTS (reference backend, fp32 pool); ``tp``: through the lockstep runner."""
+    pool = model.new_pool(1024)
+    backend = make_backend("reference", pool, model.num_local_heads, model.cfg.kv_lora_rank, model.sm_scale)
+    runner = None if tp is None else LockstepRunner(model, pool, backend, tp)
+    engine = Engine(model, pool, backend, parse_speculate(spec), runner=runner)
+    requests = engine.generate(PROMPTS, MAX_NEW)
+    assert all(r.error is None for r in requests) and pool.leaked_slots() == 0
+    return [r.output for r in requests]
+
+
+def expect_failure(call, kind) -> str:
+    try:
+        call()
+    except kind as exc:
+        return str(exc)
+    return "no error"
+
+
+def engine_worker(rank: int, size: int, port: int, folder: str, out: str) -> None:
+    """TP outputs of the random presets and of ``folder`` (a tiny checkpoint), then the failure
+    checks; writes ``out/rank{rank}.json``."""
+    os.environ.update(rank_env(rank, size, port))
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS: the ranks share the CPU's cores
+    tp = init_from_env("cpu", check_steps=True)
+    try:
+        result: dict = {"outputs": {}}
+        for name, overrides in MODELS.items():
+            model = random_model("tiny", seed=3, tp=tp, **overrides)
+            for spec in SPECS:
+                result["outputs"][f"{name}/{spec}"] = generate(model, spec, tp)
+        model = DeepseekV3Model.from_folder(folder, tp=tp)
+        result["outputs"]["folder/None"] = generate(model, None, tp)
+        result["heads"] = model.num_local_heads
+        result["experts"] = list(model.local_experts)
+        # A rank whose load fails alone ends every rank at the agreement point, with its message.
+        bad = folder if rank == 0 else str(Path(folder) / "missing")
+        result["load_failure"] = expect_failure(lambda: load_sharded_weights(bad, model.cfg, torch.float32, tp.device, tp), RankFailed)
+        result["diverged"] = expect_failure(lambda: tp.assert_same([rank], "a test value"), LockstepError)
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        tp.close()
+
+
+def _fail_mid_run(args, tp: TensorParallel) -> dict:
+    """A generation whose rank 1 fails after the first collective, while rank 0 goes on."""
+    tp.all_reduce(torch.ones(4))
+    if tp.rank == 1:
+        raise RuntimeError("injected failure on rank 1")
+    for _ in range(3):
+        tp.all_reduce(torch.ones(4))
+    return {"requests": []}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["fail-mid-run"]:
+        run_on_ranks(type("Args", (), {"device": "cpu"})(), _fail_mid_run)
