@@ -191,11 +191,15 @@ class TensorParallel:
 
     def abort(self) -> None:
         """Abort the process group without waiting for the other ranks (a rank failing alone)."""
-        if self.group is not None and dist.is_initialized():
+        if self.group is None or not dist.is_initialized():
+            return
+        self.group = None
+        try:  # private in torch 2.x; without it the process exits with its communicator open
             from torch.distributed.distributed_c10d import _abort_process_group
 
             _abort_process_group()
-            self.group = None
+        except Exception:  # noqa: BLE001 - already failing: the exit that follows matters, not this
+            pass
 
 
 def launched_by_torchrun(env: dict | None = None) -> bool:

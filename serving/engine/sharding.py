@@ -18,6 +18,23 @@ Layout over ``size`` ranks (rank ``r`` of ``size``):
 - everything else is replicated: embeddings, norms, ``q_a_proj``, ``kv_a_proj_with_mqa``
   (the latent KV is shared by every head, so every rank computes and caches all of it), the
   router and its correction bias.
+
+Decisions:
+- MoE layers use expert parallelism with the routing replicated, not tensor-parallel experts.
+  Under tensor-parallel attention every rank already holds every token, so no all-to-all is
+  needed: a rank runs its experts over all rows and the layer's one MLP all-reduce (which the
+  shared experts need anyway) sums them. Whole experts keep the expert GEMMs at the full
+  ``moe_intermediate_size`` (2048 for DeepSeek-V3; TP=8 experts would be 256 wide), the bytes a
+  decode step reads are the same (the dense decode path reads every expert once either way),
+  and a rank reads none of the other ranks' experts. The cost: prefill's grouped path is only
+  as balanced as the routing (decode and verify run every local expert, balanced by design),
+  and ``n_routed_experts`` must be a multiple of the ranks (256 over 8).
+- ``lm_head`` is vocab-sharded and its logits all-gathered: a decode step reads the whole head
+  (1.85 GB of bf16 for DeepSeek-V3, about 0.4 ms at H200 bandwidth), which sharding divides by
+  the ranks, and each logit is still one full dot product (no new rounding against TP=1);
+  the gather moves ``rows x vocab`` values per step. The embeddings are replicated: a lookup
+  reads only the batch's rows, so sharding them would save memory only, at the price of one
+  more all-reduce per step.
 """
 
 from __future__ import annotations
