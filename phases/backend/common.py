@@ -9,6 +9,7 @@ from serving.engine.drafters import parse_speculate
 from serving.engine.engine import Engine, Request
 from serving.engine.kv_pool import KVPool
 from serving.engine.model import DeepseekV3Model
+from serving.engine.tp_launch import LockstepRunner
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -19,8 +20,11 @@ def pick_device(device: str | None) -> torch.device:
 
 def make_engine(model: DeepseekV3Model, pool: KVPool, backend: str, speculate: str | None, cuda_graphs: bool = False,
                 graph_batch_sizes=None, **kwargs) -> Engine:
-    """An engine over ``pool``; ``cuda_graphs``: capture its steps first (kernel backend, CUDA)."""
-    be = make_backend(backend, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
+    """An engine over ``pool``; ``cuda_graphs``: capture its steps first (kernel backend, CUDA).
+    A tensor-parallel model's engine steps through a ``LockstepRunner`` (its heads, its group)."""
+    be = make_backend(backend, pool, model.num_local_heads, model.cfg.kv_lora_rank, model.sm_scale)
+    if model.tp.size > 1:
+        kwargs.setdefault("runner", LockstepRunner(model, pool, be, model.tp))
     engine = Engine(model, pool, be, parse_speculate(speculate), **kwargs)
     if cuda_graphs:
         from serving.graphs import DEFAULT_BATCH_SIZES, enable_cuda_graphs
