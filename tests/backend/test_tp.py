@@ -210,13 +210,18 @@ def tp_run(tmp_path_factory):
     return folder, [json.loads((out / f"rank{r}.json").read_text()) for r in range(TP)]
 
 
+@pytest.fixture(scope="module")
+def tp1_outputs():
+    """Plain greedy outputs of each random model in one process, the TP=2 runs' oracle."""
+    return {name: tp_workers.generate(random_model("tiny", seed=3, **overrides), None) for name, overrides in tp_workers.MODELS.items()}
+
+
 @pytest.mark.parametrize("model", list(tp_workers.MODELS))
 @pytest.mark.parametrize("spec", tp_workers.SPECS, ids=["plain", "tree-2x2"])
-def test_tp2_greedy_tokens_equal_tp1(tp_run, model, spec):
+def test_tp2_greedy_tokens_equal_tp1(tp_run, tp1_outputs, model, spec):
     _, ranks = tp_run
-    want = tp_workers.generate(random_model("tiny", seed=3, **tp_workers.MODELS[model]), None)
     for result in ranks:
-        assert result["outputs"][f"{model}/{spec}"] == want
+        assert result["outputs"][f"{model}/{spec}"] == tp1_outputs[model]
 
 
 def test_tp2_from_a_checkpoint_folder(tp_run):
@@ -233,6 +238,15 @@ def test_a_rank_failing_alone_ends_every_rank_with_its_message(tp_run):
     for result in ranks:
         assert "loading the weights failed on 1 rank(s): rank 1: WeightError: Expected *.safetensors" in result["load_failure"]
         assert "ranks [1] differ from rank 0 on a test value" in result["diverged"]
+
+
+def test_the_gpu_check_script_runs_on_two_cpu_ranks(tp_run):
+    """``phases.backend.tp_check``'s CPU smoke (reference backend, no graphs) on the same ranks."""
+    _, ranks = tp_run
+    m = ranks[0]["tp_check"]
+    assert m["tp"] == TP and m["tokens_pass"] and m["tokens_compared"] == 18
+    assert {(r["tp"], r["mode"]) for r in m["speed_rows"]} == {(1, "eager"), (TP, "eager")}
+    assert m["collectives_us_tp2"] > 0
 
 
 def test_one_process_is_unchanged_by_the_collectives():
