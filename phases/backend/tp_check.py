@@ -61,9 +61,9 @@ def build(full: dict, cfg, device: torch.device, dtype: torch.dtype, tp: TensorP
     return DeepseekV3Model(cfg, weights, device, dtype, tp)
 
 
-def seeded_pool(model: DeepseekV3Model, slots: int, max_requests: int, max_context: int, seed: int):
-    """A bf16 pool whose rows are seeded random values (the same on every rank)."""
-    pool = model.new_pool(slots, torch.bfloat16, max_requests=max_requests, max_context=max_context)
+def seeded_pool(model: DeepseekV3Model, slots: int, max_context: int, seed: int):
+    """A bf16 pool whose rows are seeded random values (the same on every rank and every run)."""
+    pool = model.new_pool(slots, torch.bfloat16, max_context=max_context)
     gen = torch.Generator(device=model.device).manual_seed(seed)
     pool.kv.copy_(torch.randn(pool.kv.shape, generator=gen, device=model.device))
     return pool
@@ -103,7 +103,7 @@ def token_runs(full, cfg, tp, device, backend, graphs_ok, prompt_lens, synthetic
     outputs, metrics = {}, {}
     for name, model, spec, graphs in runs:
         t0 = time.perf_counter()
-        pool = seeded_pool(model, slots, n_req, context, seed)
+        pool = seeded_pool(model, slots, context, seed)
         engine = make_engine(model, pool, backend, spec, cuda_graphs=graphs, graph_batch_sizes=graph_sizes(n_req, spec),
                              record_margins=name == "oracle")
         sgen = torch.Generator().manual_seed(seed + 2)
@@ -222,7 +222,7 @@ def speed_runs(full, cfg, tp, device, backend, graphs_ok, contexts, warmup, step
     modes = ("graphs", "eager") if graphs_ok else ("eager",)
     for group in groups:
         model = build(full, cfg, device, torch.bfloat16 if device.type == "cuda" else torch.float32, group)
-        pool = seeded_pool(model, context_cap + 1024, 1, context_cap, seed)
+        pool = seeded_pool(model, context_cap + 1024, context_cap, seed)
         coll_s = collectives_seconds(model, rows=1)
         for mode in modes:
             engine = make_engine(model, pool, backend, None, cuda_graphs=mode == "graphs", graph_batch_sizes=(1,),
@@ -256,9 +256,9 @@ def speed_runs(full, cfg, tp, device, backend, graphs_ok, contexts, warmup, step
 def run(
     tp: TensorParallel,
     preset: str = "gpu-h16",
-    prompt_lens: list[int] = (17, 300, 2048, 4096),
-    synthetic: list[int] = (32768, 32768),
-    max_new_tokens: int = 48,
+    prompt_lens: list[int] = (17, 300, 2048),
+    synthetic: list[int] = (32768,),
+    max_new_tokens: int = 32,
     speculate: str = "tree:4x4:layers=1",
     speed_contexts: list[int] = (32768, 131072),
     warmup: int = 3,

@@ -4,7 +4,9 @@ Modules: ``config`` (config.json), ``weights`` (safetensors), ``rope``, ``model`
 forward), ``kv_pool`` (page_size=1 pool, allocator, slot table), ``batch`` (ForwardBatch),
 ``attention`` (kernel and reference backends), ``tree`` / ``drafters`` (tree speculation),
 ``engine`` (the generation loop), ``random_models`` (seeded presets), ``limits`` (memory
-estimates checked before allocating), ``cli``.
+estimates checked before allocating), ``cli``; tensor parallelism: ``sharding`` (which part of
+each tensor a rank holds), ``parallel`` (the process group and its collectives),
+``sharded_weights`` (a rank's slices of a checkpoint), ``tp_launch`` (torchrun).
 """
 
 from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend, make_backend
