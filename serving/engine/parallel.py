@@ -38,7 +38,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from serving.engine.sharding import even_range, vocab_range
+from serving.engine.sharding import Shard, even_range, take_shard, vocab_range
 from serving.engine.timing import IntervalTimer
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -113,8 +113,7 @@ class TensorParallel:
         if self.size == 1:
             return head
         start, stop, per = vocab_range(vocab, self.size, self.rank)
-        part = head[start:stop]
-        return part if part.shape[0] == per else torch.cat([part, part.new_zeros(per - part.shape[0], head.shape[1])])
+        return take_shard(head, Shard(0, start, stop, pad_to=per))
 
     # ---- the forward's collectives (capturable) -------------------------------------------
 

@@ -63,6 +63,12 @@ class LockstepRunner(ModelRunner):
         return logits
 
 
+def say(line: str) -> None:
+    """One line on stderr in one write, so the ranks' lines do not interleave."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def device_type(requested: str | None) -> str:
     """The device type the ranks run on: ``--device``'s, else CUDA when there is a GPU."""
     return torch.device(requested).type if requested else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -77,7 +83,7 @@ def run_on_ranks(args, generate: Callable[..., dict]) -> dict | None:
     try:
         tp = init_from_env(device_type(args.device))
     except Exception as exc:  # noqa: BLE001 - the one-line message of this rank's failure to start
-        print(f"error: tensor-parallel start-up failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        say(f"error: tensor-parallel start-up failed: {type(exc).__name__}: {exc}")
         raise SystemExit(1) from exc
     code = 0
     try:
@@ -87,10 +93,10 @@ def run_on_ranks(args, generate: Callable[..., dict]) -> dict | None:
         result["tensor_parallel"] = tp.size
     except (RankFailed, LockstepError) as exc:  # raised on every rank at the same point
         if tp.rank == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            say(f"error: {exc}")
         code = exc.exit_code if isinstance(exc, RankFailed) else 1
     except Exception as exc:  # noqa: BLE001 - possibly this rank's alone: do not wait for the others
-        print(f"error: rank {tp.rank} of {tp.size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        say(f"error: rank {tp.rank} of {tp.size}: {type(exc).__name__}: {exc}")
         tp.abort()
         raise SystemExit(2 if isinstance(exc, ValueError) else 1) from exc
     finally:
