@@ -3,9 +3,9 @@ read through ``safe_open(...).get_slice``, so a rank reads only its rows or colu
 sharded tensor and none of another rank's experts.
 
 Decisions:
-- Every file's header is read first and checked as ``weights.load_weights`` checks a whole
-  checkpoint (unexpected, missing and misshaped tensors are a ``WeightError`` naming the
-  tensor), so every rank reports the same error for a bad checkpoint before reading data.
+- Every file's header is checked first by ``weights.plan_load``, as for one process, so every
+  rank reports the same error for a bad checkpoint before reading data; the memory check
+  counts this rank's part (``sharding.rank_config``).
 - ``load_sharded_weights`` ends at an agreement point (``TensorParallel.agree``): a rank
   whose read failed alone (a file it cannot read, memory) ends every rank with its message.
 - Random presets shard the same way (``shard_weights``): a rank draws the full seeded tensors
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import torch
 
+from serving.engine import limits
 from serving.engine.config import ModelConfig
 from serving.engine.parallel import TensorParallel
-from serving.engine.sharding import Shard, check_shardable, expert_range, pad_rows, shard_shape, take_shard, tensor_shard
-from serving.engine.weights import _FUSED, _LAYER, WeightError, expected_shapes
+from serving.engine.sharding import (Shard, check_shardable, expert_range, pad_rows, rank_config, shard_shape, take_shard,
+                                     tensor_shard)
+from serving.engine.weights import _FUSED, WeightError, expected_shapes, plan_load
 
 
 def keeps_fp32(name: str) -> bool:
@@ -55,85 +57,55 @@ def _read(view, shard: Shard) -> torch.Tensor:
     return view[:, shard.start : shard.stop]
 
 
-def _headers(files: list[Path], cfg: ModelConfig) -> dict[str, tuple[Path, str, tuple[int, ...]]]:
-    """Per-expert tensor name -> (file, stored name, stored shape) from the files' headers,
-    checked against ``expected_shapes(cfg)`` (fused experts listed once per expert)."""
-    from safetensors import safe_open
-
-    expected = expected_shapes(cfg)
-    found: dict[str, tuple[Path, str, tuple[int, ...]]] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for stored in f.keys():
-                layer = _LAYER.match(stored)
-                if layer and int(layer.group(1)) >= cfg.num_hidden_layers:
-                    continue  # multi-token-prediction layers: not used for decoding
-                shape = tuple(f.get_slice(stored).get_shape())
-                fused = _FUSED.match(stored)
-                if fused:
-                    prefix, kind = fused.groups()
-                    want = (cfg.n_routed_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size) if kind == "gate_up_proj" \
-                        else (cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
-                    if shape != want:
-                        raise WeightError(f"Expected {stored} of shape {want}, got {shape}")
-                    parts = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
-                    for e in range(shape[0]):
-                        for part in parts:
-                            found[f"{prefix}{e}.{part}.weight"] = (path, stored, shape)
-                    continue
-                if stored not in expected:
-                    if stored == "lm_head.weight" and cfg.tie_word_embeddings:
-                        continue
-                    raise WeightError(f"Expected only tensors of a DeepSeek-V3 model, got unexpected tensor {stored!r} in {path.name}")
-                if shape != expected[stored]:
-                    raise WeightError(f"Expected {stored} of shape {expected[stored]}, got {shape}")
-                found[stored] = (path, stored, shape)
-    missing = [n for n in expected if n not in found]
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise WeightError(f"Expected tensor {missing[0]!r} in the checkpoint, got none; missing {missing[:3]}{more}")
-    return found
-
-
-def load_shard(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, size: int, rank: int) -> dict[str, torch.Tensor]:
-    """Rank ``rank`` of ``size``'s parts of ``folder/*.safetensors``: name -> tensor in ``dtype``
-    on ``device`` (routers float32), per-expert names for this rank's experts only."""
-    from safetensors import safe_open
-
-    check_shardable(cfg, size)
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise WeightError(f"Expected *.safetensors files in {folder}, got none")
-    found = _headers(files, cfg)
-    experts = expert_range(cfg, size, rank)
-    out: dict[str, torch.Tensor] = {}
-    for path in files:
-        wanted = {n: stored for n, (p, stored, _) in found.items() if p == path}
-        fused_read: dict[str, torch.Tensor] = {}
-        with safe_open(str(path), framework="pt") as f:
-            for name, stored in wanted.items():
-                fused = _FUSED.match(stored)
-                if fused is None:
-                    shard = tensor_shard(name, cfg, size, rank)
-                    if shard is not None:
-                        out[name] = _read(f.get_slice(stored), shard).to(device=device, dtype=torch.float32 if keeps_fp32(name) else dtype)
-                    continue
-                expert = int(name[len(fused.group(1)):].split(".")[0])
-                if expert not in experts:
-                    continue
-                if stored not in fused_read:  # this rank's experts of the fused tensor, read once
-                    fused_read[stored] = f.get_slice(stored)[experts.start : experts.stop]
-                block = fused_read[stored][expert - experts.start]
-                inter = cfg.moe_intermediate_size
-                if name.endswith("gate_proj.weight"):
-                    block = block[:inter]
-                elif name.endswith("up_proj.weight"):
-                    block = block[inter:]
-                out[name] = block.to(device=device, dtype=dtype)
+def _split_experts(stored: str, part: torch.Tensor, first: int, inter: int) -> dict[str, torch.Tensor]:
+    """Per-expert names of this rank's rows of a fused expert tensor: ``part`` holds experts
+    ``first, first + 1, ...`` of ``gate_up_proj`` [E, 2I, hidden] or ``down_proj`` [E, hidden, I]."""
+    prefix, kind = _FUSED.match(stored).groups()
+    out = {}
+    for i in range(part.shape[0]):
+        name = f"{prefix}{first + i}."
+        if kind == "gate_up_proj":
+            out[name + "gate_proj.weight"], out[name + "up_proj.weight"] = part[i, :inter], part[i, inter:]
+        else:
+            out[name + "down_proj.weight"] = part[i]
     return out
 
 
-def load_sharded_weights(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TensorParallel) -> dict[str, torch.Tensor]:
+def load_shard(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, size: int,
+               rank: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank`` of ``size``'s parts of ``folder/*.safetensors``: name -> tensor in ``dtype``
+    on ``device`` (routers float32), per-expert names for this rank's experts only.
+
+    The checkpoint is checked first as ``weights.load_weights`` checks it (``plan_load``: every
+    header, name, shape and dtype), and this rank's part against the device's free memory.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    check_shardable(cfg, size)
+    limits.check(limits.estimate(rank_config(cfg, size), device, dtype))
+    plan = plan_load(folder, cfg)
+    experts = expert_range(cfg, size, rank)
+    out: dict[str, torch.Tensor] = {}
+    for path, infos in plan:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for info in infos:
+                    shard = tensor_shard(info.name, cfg, size, rank)
+                    if shard is None:
+                        continue  # another rank's expert
+                    part = _read(f.get_slice(info.name), shard)
+                    parts = _split_experts(info.name, part, experts.start, cfg.moe_intermediate_size) if _FUSED.match(info.name) \
+                        else {info.name: part}
+                    for name, t in parts.items():
+                        out[name] = t.to(device=device, dtype=torch.float32 if keeps_fp32(name) else dtype)
+                    del part, parts
+        except (OSError, SafetensorError) as exc:
+            raise WeightError(f"Expected to read the tensors of {path}, got: {exc}") from None
+    return out
+
+
+def load_sharded_weights(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                         tp: TensorParallel) -> dict[str, torch.Tensor]:
     """``load_shard`` for ``tp``'s rank, then an agreement point: every rank returns, or every
     rank raises (``RankFailed`` naming the ranks that failed and why)."""
     weights, error = {}, None

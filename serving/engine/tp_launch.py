@@ -70,8 +70,12 @@ def say(line: str) -> None:
 
 
 def device_type(requested: str | None) -> str:
-    """The device type the ranks run on: ``--device``'s, else CUDA when there is a GPU."""
-    return torch.device(requested).type if requested else ("cuda" if torch.cuda.is_available() else "cpu")
+    """The device type the ranks run on: ``--device``'s (its index is LOCAL_RANK's under torchrun),
+    else CUDA when there is a GPU; ValueError for another."""
+    kind = requested.split(":")[0] if requested else ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"Expected --device cpu or cuda under torchrun, got {requested!r}")
+    return kind
 
 
 def run_on_ranks(args, generate: Callable[..., dict]) -> dict | None:
@@ -84,7 +88,7 @@ def run_on_ranks(args, generate: Callable[..., dict]) -> dict | None:
         tp = init_from_env(device_type(args.device))
     except Exception as exc:  # noqa: BLE001 - the one-line message of this rank's failure to start
         say(f"error: tensor-parallel start-up failed: {type(exc).__name__}: {exc}")
-        raise SystemExit(1) from exc
+        raise SystemExit(2 if isinstance(exc, ValueError) else 1) from exc
     code = 0
     try:
         result = generate(args, tp)

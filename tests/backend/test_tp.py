@@ -8,6 +8,7 @@ logit), far below the top-two gaps of these prompts, so the tokens must be equal
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,11 +18,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from serving.engine import limits
 from serving.engine.config import ModelConfig
 from serving.engine.parallel import TensorParallel, launched_by_torchrun
 from serving.engine.random_models import preset_config, random_model, random_weights
 from serving.engine.sharded_weights import expected_shard_shapes, load_shard, shard_weights
-from serving.engine.sharding import check_shardable, even_range, tensor_shard, vocab_range
+from serving.engine.sharding import check_shardable, even_range, rank_config, tensor_shard, vocab_range
 from tests.backend import tp_workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +89,9 @@ def test_deepseek_v3_over_eight_ranks():
     held = sorted({int(k.split(".")[5]) for k in shapes if k.startswith(m + "experts.")})
     assert held == list(range(96, 128)) and shapes[m + f"experts.96.gate_proj.weight"] == (2048, 7168)
     assert shapes[m + "gate.weight"] == (256, 7168)
+    # The memory check of one rank: an upper bound close to what the rank holds (85.6 of 671 B parameters).
+    held_params = sum(math.prod(s) for s in shapes.values())
+    assert held_params <= limits.count_parameters(rank_config(cfg, 8)).total <= 1.05 * held_params
 
 
 @pytest.mark.parametrize("overrides", [{}, {"vocab_size": 127}, {"q_lora_rank": 24, "attention_bias": True},
