@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefill-chunk", type=int, default=8192)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    g.add_argument("--no-defrag", action="store_true", help="measure KV fragmentation but never compact (serving.defrag)")
     return parser
 
 
@@ -78,6 +79,8 @@ def generate(args: argparse.Namespace) -> dict:
     pool = model.new_pool(slots, pool_dtype)
     backend = make_backend(backend_name, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
     engine = Engine(model, pool, backend, parse_speculate(args.speculate), prefill_chunk=args.prefill_chunk, profile=True)
+    from serving.defrag.cli import attach_defrag  # phase defrag: compaction between steps
+    defrag = attach_defrag(engine, enabled=not args.no_defrag)
     requests = [engine.add_request(p, args.max_new_tokens) for p in prompts]
     longest = max(len(p) for p in prompts)
     t0 = time.perf_counter()
@@ -108,6 +111,7 @@ def generate(args: argparse.Namespace) -> dict:
         "attention_share": s.attention_share,
         "wall_s": time.perf_counter() - t0,
         "leaked_slots": pool.leaked_slots(),
+        "defrag": defrag.summary(),
     }
 
 
@@ -129,4 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step, "
         f"attention {100 * result['attention_share']:.0f}% of a step, prefill {result['prefill_tokens_per_s']:.0f} tokens/s"
     )
+    from serving.defrag.cli import defrag_line
+    print(defrag_line(result["defrag"]))
     return 0
