@@ -12,7 +12,8 @@ Three parts, one pool each:
    device slot table against the host lists, no slot owned twice, no slot allocated to nobody
    beyond the compaction's reservation. Every ``attention_every`` rounds the verify attention
    (the kernel, random queries and trees over ``attention_requests`` live requests, first and
-   last layer) runs before and after the compaction: outputs must be bitwise equal.
+   last layer) runs before and after the compaction, after it both by index and through the
+   contiguous fast path (the plan told each request's leading run): outputs must be bitwise equal.
 2. Engine: tree speculative decoding of ``engine_prompts`` prompts from a scattered pool,
    without compaction, then with a full compaction at random steps, then with the incremental
    defragmenter under a small budget; tokens must equal the first run's, and after every step
@@ -41,6 +42,7 @@ import time
 import torch
 
 from kernel import MLAVerifyWrapper
+from kernel.plan import contiguous_runs
 from phases.defrag.common import DTYPES, StampedPool, attention_batch, kv_indices, pick_device
 from serving.defrag import Compaction, DefragPolicy, Defragmenter, measure_pool, plan_compaction, simulate
 from serving.engine.attention import make_backend
@@ -151,11 +153,13 @@ def churn_part(requests, rounds, layers, row_dim, v_head_dim, heads, dtype, cont
                 sp.churn(0.02, (1, 3), [_log_uniform(rng, lo, hi // 4 + lo)] if rng.random() < 0.3 else [])
                 _add(totals, sp.check(reserved=len(c.reserved)))
         _add(totals, sp.check())
-        if attention:
-            out_after = _attend(pool, batch, kv_indices(pool, chosen), v_head_dim, sm_scale)
-            totals["attention_checks"] += len(out_before)
-            totals["attention_mismatches"] += sum(not torch.equal(a.view(torch.int16), b.view(torch.int16))
-                                                  for a, b in zip(out_before, out_after))
+        if attention:  # after: by index, and through the contiguous fast path
+            indices = kv_indices(pool, chosen)
+            for fast in (False, True):
+                out_after = _attend(pool, batch, indices, v_head_dim, sm_scale, fast)
+                totals["attention_checks"] += len(out_before)
+                totals["attention_mismatches"] += sum(not torch.equal(a.view(torch.int16), b.view(torch.int16))
+                                                      for a, b in zip(out_before, out_after))
         after = measure_pool(pool).summary()
         totals["compactions"] += 1
         totals["moved_rows"] += c.stats.applied
@@ -191,11 +195,16 @@ def _add(totals: dict, check: dict) -> None:
     totals["leaked_slots"] += check["leaked_slots"]
 
 
-def _attend(pool, batch, indices, v_head_dim, sm_scale) -> list[torch.Tensor]:
-    """Outputs of the first and last layer for ``batch`` over ``indices``."""
+def _attend(pool, batch, indices, v_head_dim, sm_scale, fast: bool = False) -> list[torch.Tensor]:
+    """Outputs of the first and last layer for ``batch`` over ``indices``; ``fast``: the plan
+    is told each request's leading contiguous run (from the slot table's host lists)."""
+    runs = (None, None)
+    if fast:
+        t = pool.table
+        runs = contiguous_runs(batch.kv_indptr.numpy(), [s for r in batch.requests for s in t.slots(r)])
     wrapper = MLAVerifyWrapper(pool.kv.device)
     wrapper.plan(batch.qo_indptr, batch.kv_indptr, batch.q.shape[1], head_dim=pool.kv.shape[2],
-                 v_head_dim=v_head_dim, dtype=batch.q.dtype)
+                 v_head_dim=v_head_dim, dtype=batch.q.dtype, kv_start=runs[0], kv_contig=runs[1])
     outs = []
     for layer in sorted({0, pool.kv.shape[0] - 1}):
         outs.append(wrapper.run(batch.q, pool.layer(layer), indices, batch.tree_mask, sm_scale).clone())
