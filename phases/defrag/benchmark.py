@@ -43,6 +43,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 from kernel import MLAVerifyWrapper
@@ -141,7 +142,7 @@ def compaction_part(layers, pool_slots, requests, budget_bytes, dev, seed) -> di
     before = measure_pool(pool).summary()
     t0 = time.perf_counter()
     t = pool.table
-    plan = plan_compaction({r: t.slots(r) for r in t.requests()}, alloc.free_slots(), pool.num_slots,
+    plan = plan_compaction({r: t.slots(r) for r in t.requests()}, np.flatnonzero(alloc.free_mask()), pool.num_slots,
                            reserve=DefragPolicy().reserve)
     planner_s = time.perf_counter() - t0
     row_bytes = layers * HEAD_DIM * 2

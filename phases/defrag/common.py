@@ -7,9 +7,11 @@ and its layer, regenerated on the device to check it, so no shadow copy of the p
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kernel.reference import tree_mask_from_parents
@@ -112,19 +114,24 @@ class StampedPool:
         pool, table = self.pool, self.pool.table
         kv = pool.kv
         reqs = table.requests()
-        slots = [s for r in reqs for s in table.slots(r)]
-        stamps = [s for r in reqs for s in self.stamps[r]]
-        corrupted = len(slots) - len(set(slots))
-        for r in reqs:
-            device = table.device_slots(r).tolist()
-            corrupted += sum(a != b for a, b in zip(device, table.slots(r)))
-        for c0 in range(0, len(slots), CHECK_ROWS):
-            index = torch.tensor(slots[c0 : c0 + CHECK_ROWS], dtype=torch.int64, device=kv.device)
-            expect = stamped_rows(torch.tensor(stamps[c0 : c0 + CHECK_ROWS], dtype=torch.int64, device=kv.device),
-                                  kv.shape[0], kv.shape[2], kv.dtype)
+        lengths = np.asarray([table.length(r) for r in reqs], dtype=np.int64)
+        total = int(lengths.sum())
+        slots = np.fromiter(itertools.chain.from_iterable(table.slots(r) for r in reqs), np.int64, total)
+        stamps = np.fromiter(itertools.chain.from_iterable(self.stamps[r] for r in reqs), np.int64, total)
+        corrupted = int(np.count_nonzero(np.bincount(slots, minlength=pool.num_slots) > 1)) if total else 0
+        if reqs:  # the device table's rows against the host lists, in one read
+            rows = torch.tensor([table.row(r) for r in reqs], dtype=torch.int64, device=table.rows.device)
+            width = int(lengths.max())
+            device = table.rows.index_select(0, rows)[:, :width].cpu().numpy()
+            corrupted += int((device[np.arange(width)[None, :] < lengths[:, None]] != slots).sum())
+        word = torch.int16 if kv.element_size() == 2 else torch.int32
+        for c0 in range(0, total, CHECK_ROWS):
+            index = torch.from_numpy(slots[c0 : c0 + CHECK_ROWS]).to(kv.device)
+            expect = stamped_rows(torch.from_numpy(stamps[c0 : c0 + CHECK_ROWS]).to(kv.device), kv.shape[0],
+                                  kv.shape[2], kv.dtype)
             got = kv.index_select(1, index)
-            corrupted += int((got.view(torch.int16 if kv.element_size() == 2 else torch.int32)
-                              != expect.view(torch.int16 if kv.element_size() == 2 else torch.int32)).any(dim=2).any(dim=0).sum())
+            corrupted += int((got.view(word) != expect.view(word)).any(dim=2).any(dim=0).sum())
+        slots = slots.tolist()
         leaked = abs(pool.allocator.capacity - pool.allocator.num_free - len(slots) - reserved)
         return {"corrupted_rows": corrupted, "leaked_slots": leaked, "live_rows": len(slots)}
 

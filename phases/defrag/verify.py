@@ -39,6 +39,7 @@ import random
 import sys
 import time
 
+import numpy as np
 import torch
 
 from kernel import MLAVerifyWrapper
@@ -147,7 +148,7 @@ def churn_part(requests, rounds, layers, row_dim, v_head_dim, heads, dtype, cont
         if r % 2 == 0:
             c.run()
         else:  # a budget at a time, the engine going on in between
-            budget = max(1, plan.num_moves // 6 + 1)
+            budget = max(1, plan.num_moves // 4 + 1)
             while not c.done:
                 c.step(budget)
                 sp.churn(0.02, (1, 3), [_log_uniform(rng, lo, hi // 4 + lo)] if rng.random() < 0.3 else [])
@@ -186,8 +187,8 @@ def churn_part(requests, rounds, layers, row_dim, v_head_dim, heads, dtype, cont
 
 def _plan(pool):
     t = pool.table
-    return plan_compaction({r: t.slots(r) for r in t.requests()}, pool.allocator.free_slots(), pool.num_slots,
-                           reserve=lambda n: max(8, n // 50))
+    return plan_compaction({r: t.slots(r) for r in t.requests()}, np.flatnonzero(pool.allocator.free_mask()),
+                           pool.num_slots, reserve=lambda n: max(8, n // 50))
 
 
 def _add(totals: dict, check: dict) -> None:

@@ -121,8 +121,11 @@ class Compaction:
         for k, d in enumerate(self._dst):
             self._last_write[d] = k
         alloc = pool.allocator
-        self.reserved = {d for d in self._last_write if alloc.is_free(d)}
-        alloc.reserve(sorted(self.reserved))
+        reserve = plan.initially_free_destinations(alloc.free_mask()).tolist() if len(plan.dst) else []
+        self.reserved = set(reserve)
+        self._reserved_mask = np.zeros(pool.num_slots, dtype=bool)  # the same set, for vectorized checks
+        self._reserved_mask[reserve] = True
+        alloc.reserve(reserve)
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = [] if events and pool.kv.is_cuda else None
         self.row_bytes = pool.kv.shape[0] * pool.kv.shape[2] * pool.kv.element_size()
 
@@ -161,6 +164,7 @@ class Compaction:
         if self.reserved:
             self.pool.allocator.free(sorted(self.reserved))
             self.reserved.clear()
+            self._reserved_mask[:] = False
         self.next = len(self._src)
 
     def device_seconds(self) -> float:
@@ -176,6 +180,8 @@ class Compaction:
         """The moves of [k0, k1) still valid against the pool (see the module docstring)."""
         table, alloc = self.pool.table, self.pool.allocator
         keep = list(range(k0, k1))
+        if self._all_valid(k0, k1):
+            return keep
         while True:
             sources = {self._src[k] for k in keep}
             ok = []
@@ -187,6 +193,17 @@ class Compaction:
             if len(ok) == len(keep):
                 return ok
             keep = ok  # a dropped move no longer vacates its source: check again
+
+    def _all_valid(self, k0: int, k1: int) -> bool:
+        """Whether every move of [k0, k1) holds (vectorized; the usual case between steps):
+        its row is where the plan says, its destination reserved or vacated by the piece."""
+        table = self.pool.table
+        src, dst = self.plan.src[k0:k1], self.plan.dst[k0:k1]
+        try:
+            table.check_rename_at(self._req[k0:k1], self._pos[k0:k1], self._src[k0:k1])
+        except ValueError:
+            return False
+        return bool((self._reserved_mask[dst] | np.isin(dst, src)).all())
 
     def _apply(self, k0: int, k1: int) -> int:
         keep = self._checked(k0, k1)
@@ -248,8 +265,10 @@ class Compaction:
                 pool.kv.index_copy_(1, src_t, gathered)  # sources a destination overwrote
             raise
         self.reserved.difference_update(res)
+        self._reserved_mask[res] = False
         end_k = keep[-1]
         later = sorted({s for s in src if self._last_write.get(s, -1) > end_k and alloc.is_free(s)})
         if later:  # vacated now, written by a later move: keep the engine off it
             alloc.reserve(later)
             self.reserved.update(later)
+            self._reserved_mask[later] = True

@@ -47,7 +47,7 @@ def runs_per_1k(runs: int, length: int) -> float:
 
 def free_runs(free: Iterable[int]) -> np.ndarray:
     """int64 [runs]: lengths of the maximal runs of consecutive free slots (any order in)."""
-    a = np.sort(np.fromiter(free, dtype=np.int64))
+    a = np.sort(np.asarray(free, dtype=np.int64) if isinstance(free, np.ndarray) else np.fromiter(free, dtype=np.int64))
     if len(a) == 0:
         return np.zeros(0, dtype=np.int64)
     cuts = np.flatnonzero(np.diff(a) != 1) + 1
@@ -136,7 +136,7 @@ def measure_pool(pool) -> PoolFragmentation:
     """``measure`` over a ``serving.engine.kv_pool.KVPool``'s slot table and free slots
     (O(live + free slots): for reports, not every step; ``RunTracker`` is the per-step one)."""
     table = pool.table
-    return measure({r: table.slots(r) for r in table.requests()}, pool.allocator.free_slots())
+    return measure({r: table.slots(r) for r in table.requests()}, np.flatnonzero(pool.allocator.free_mask()))
 
 
 @dataclass

@@ -31,8 +31,9 @@ Decisions:
   (ending at a free slot) and cycles. Chains are ordered by their depth from the free end
   (list ranking by pointer jumping, vectorized: a chain can be 100k moves long), so every
   move's destination is free or vacated before it is written; each row moves at most once.
-  A cycle is broken through one free slot (one extra move per cycle) and emitted first;
-  without any free slot in the pool, its requests stay incomplete.
+  A cycle is broken through a free slot (one extra move per cycle) and emitted first, as many
+  cycles at once as there are free slots; without any free slot in the pool, its requests
+  stay incomplete.
 - The order is valid for the executor's chunked, simultaneous application: a chunk may be cut
   anywhere; within a chunk, ``split_waves`` cuts where a row written in the chunk would be read
   again (only a cycle's temporary slot), and each wave reads every source before it writes.
@@ -79,10 +80,10 @@ class MovePlan:
     def num_moves(self) -> int:
         return len(self.src)
 
-    def initially_free_destinations(self, free: Iterable[int]) -> list[int]:
-        """Destinations that are free before the plan runs (what an executor reserves)."""
-        free_set = set(int(s) for s in free)
-        return sorted({int(d) for d in self.dst} & free_set)
+    def initially_free_destinations(self, free_mask: np.ndarray) -> np.ndarray:
+        """Destinations free before the plan runs (what an executor reserves), from the pool's
+        bool [num_slots] free mask; sorted int64."""
+        return np.unique(self.dst[free_mask[self.dst]])
 
 
 def split_waves(src: np.ndarray, dst: np.ndarray) -> list[tuple[int, int]]:
@@ -111,7 +112,8 @@ def plan_compaction(
 ) -> MovePlan:
     """The moves that make every selected request contiguous (see the module docstring).
 
-    requests: every live request, id -> its slots in position order. free: the free slots.
+    requests: every live request, id -> its slots in position order. free: the free slots
+    (any iterable; an int array is taken as is, e.g. ``np.flatnonzero(allocator.free_mask())``).
     num_slots: the pool's size (slot 0 is never used). select: the requests to compact
     (None: every request that is not contiguous); the others keep their leading run in place.
     reserve: slots to keep clear after a placed request of L tokens (an int or ``f(L)``).
@@ -120,7 +122,8 @@ def plan_compaction(
     """
     ids = list(requests)
     rows = [np.asarray(requests[r], dtype=np.int64).reshape(-1) for r in ids]
-    free_arr = np.fromiter((int(s) for s in free), dtype=np.int64)
+    free_arr = np.asarray(free, dtype=np.int64).reshape(-1) if isinstance(free, np.ndarray) else \
+        np.fromiter((int(s) for s in free), dtype=np.int64)
     owner = _owners(rows, free_arr, num_slots)
     chosen = set(ids) if select is None else set(select)
     reserve_of = reserve if callable(reserve) else (lambda _length, g=int(reserve): g)
@@ -145,6 +148,7 @@ def plan_compaction(
                            obstacle, num_slots)
 
     bad = obstacle.copy()  # no range may cover these: pinned prefixes, blocked, claimed so far
+    holes = _Holes(bad)  # the maximal runs of slots a range may still cover
     claimed = np.zeros(num_slots, dtype=bool)  # the placed ranges themselves (reserves excluded)
     targets: dict[int, int] = {}
     deferred: list[int] = []
@@ -154,15 +158,16 @@ def plan_compaction(
         conflicts.remove(i)
         scorer = _Scorer(offsets[i], conflicts, cum_loose, length)
         widths = sorted({length + reserve_of(length), length}, reverse=True)
-        best = max((c for w in widths for c in _candidates(scorer, bad, num_slots, w, candidates)), default=None)
+        best = max((c for w in widths for c in _candidates(scorer, holes, w, candidates)), default=None)
         if best is None:
-            best = max((c for w in widths for c in _best_window(scorer, bad, num_slots, w)), default=None)
+            best = max((c for w in widths for c in _best_window(scorer, holes, w)), default=None)
         if best is None:
             deferred.append(i)
             continue
         _, width, neg_start = best
         start = -neg_start
         bad[start : start + width] = True
+        holes.claim(start, width)
         claimed[start : start + length] = True
         targets[i] = start
 
@@ -224,6 +229,10 @@ class _Conflicts:
         self.ranges.pop(i, None)
         self._sorted = None
 
+    def bounds(self) -> np.ndarray:
+        """int64 [ranges, 2]: (start, end) of each range still weighed."""
+        return np.asarray([r[:2] for r in self.ranges.values()], dtype=np.int64).reshape(-1, 2)
+
     def cost(self, starts: np.ndarray, width: int) -> np.ndarray:
         """int64 [len(starts)]: rows kept by the ranges that [start, start + width) overlaps."""
         if self._sorted is None:
@@ -257,25 +266,49 @@ class _Scorer:
         return self.keep(starts) - self.conflicts.cost(starts, width) - (self.cl[ends] - self.cl[starts])
 
 
-def _candidates(scorer: _Scorer, bad: np.ndarray, num_slots: int, width: int, candidates: int) -> list[tuple]:
+class _Holes:
+    """The maximal runs of slots no range covers yet (nothing ``bad``), as sorted start / end
+    arrays; a claim splits the run it lies in."""
+
+    def __init__(self, bad: np.ndarray) -> None:
+        edges = np.diff(np.concatenate([[0], (~bad).astype(np.int8), [0]]))
+        self.starts, self.ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+    def fits(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """bool [len(starts)]: whether [start, start + width) lies inside one run."""
+        if not len(self.starts):
+            return np.zeros(len(starts), dtype=bool)
+        at = np.searchsorted(self.starts, starts, side="right") - 1
+        return (at >= 0) & (self.ends[np.maximum(at, 0)] >= starts + width) & (starts >= 1)
+
+    def claim(self, start: int, width: int) -> None:
+        at = int(np.searchsorted(self.starts, start, side="right")) - 1
+        lo, hi = int(self.starts[at]), int(self.ends[at])
+        keep = [(a, b) for a, b in ((lo, start), (start + width, hi)) if b > a]
+        self.starts = np.concatenate([self.starts[:at], [a for a, _ in keep], self.starts[at + 1 :]]).astype(np.int64)
+        self.ends = np.concatenate([self.ends[:at], [b for _, b in keep], self.ends[at + 1 :]]).astype(np.int64)
+
+
+def _candidates(scorer: _Scorer, holes: _Holes, width: int, candidates: int) -> list[tuple]:
     """(score, width, -start) of the request's most frequent offsets whose ``width`` slots fit:
     ``max`` picks the best score, then the reserve, then the lowest start."""
-    fits = [int(s) for s in scorer.uniq_by_count[:candidates]
-            if 1 <= s and s + width <= num_slots and not bad[s : s + width].any()]
-    if not fits:
-        return []
-    starts = np.asarray(fits, dtype=np.int64)
+    starts = scorer.uniq_by_count[:candidates]
+    starts = starts[holes.fits(starts, width)]
     return [(int(v), width, -int(s)) for v, s in zip(scorer.score(starts, width), starts)]
 
 
-def _best_window(scorer: _Scorer, bad: np.ndarray, num_slots: int, width: int) -> list[tuple]:
-    """The best-scoring start of any ``width`` slots that cover nothing ``bad`` (lowest on
-    ties), as ``_candidates`` gives them; [] when none fits."""
-    if width > num_slots - 1:
+def _best_window(scorer: _Scorer, holes: _Holes, width: int) -> list[tuple]:
+    """The best-scoring placement of ``width`` slots anywhere they fit (lowest start on ties),
+    as ``_candidates`` gives them; [] when none fits. Scores change only where a range keeps
+    rows or a conflicting range begins or ends, so the starts tried are: each run's two ends,
+    every offset of the request, and the slots just past or just before each conflicting range."""
+    room = holes.ends - holes.starts >= width
+    if not room.any():
         return []
-    cum_bad = np.concatenate([[0], np.cumsum(bad)])
-    starts = np.arange(1, num_slots - width + 1, dtype=np.int64)
-    starts = starts[cum_bad[starts + width] == cum_bad[starts]]
+    ranges = scorer.conflicts.bounds()
+    starts = np.unique(np.concatenate([holes.starts[room], holes.ends[room] - width, scorer.uniq,
+                                       ranges[:, 1], ranges[:, 0] - width]))
+    starts = starts[holes.fits(starts, width)]
     if not len(starts):
         return []
     scores = scorer.score(starts, width)
@@ -316,44 +349,54 @@ def _order(plan: MovePlan, req, pos, src, dst, owner, free, num_slots) -> None:
     in_cycle = nxt >= 0
     chain = np.flatnonzero(~in_cycle)
     chain = chain[np.argsort(depth[chain], kind="stable")]
-    parts = []
+    cycle_order = np.zeros((0, 3), dtype=np.int64)
     if in_cycle.any():
         if len(free):
-            temp = int(free.min())
-            cycles = _cycle_moves(np.flatnonzero(in_cycle), pred, src, temp)
-            parts.append(cycles)
-            plan.temp_moves = len(cycles) - int(in_cycle.sum())
+            cycle_order = _cycle_moves(np.flatnonzero(in_cycle), pred, np.sort(free))
+            plan.temp_moves = len(cycle_order) - int(in_cycle.sum())
         else:  # no slot to break cycles with: those rows stay
             plan.incomplete = sorted({int(r) for r in req[in_cycle]})
-    cycle_order = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
     order = np.concatenate([cycle_order[:, 0], chain]) if len(cycle_order) else chain
-    plan.req, plan.pos, plan.src, plan.dst = req[order], pos[order], src[order], dst[order]
-    if len(cycle_order):  # the temporary hops: a cycle's first row goes to temp, comes back last
-        hop = np.flatnonzero(cycle_order[:, 1] >= 0)
-        plan.src, plan.dst = plan.src.copy(), plan.dst.copy()
-        plan.dst[hop[0::2]] = cycle_order[hop[0::2], 1]
-        plan.src[hop[1::2]] = cycle_order[hop[1::2], 1]
+    plan.req, plan.pos, plan.src, plan.dst = req[order], pos[order], src[order].copy(), dst[order].copy()
+    if len(cycle_order):  # the temporary hops: out of a cycle's first source, back into its destination
+        out, back = np.flatnonzero(cycle_order[:, 2] == _HOP_OUT), np.flatnonzero(cycle_order[:, 2] == _HOP_BACK)
+        plan.dst[out] = cycle_order[out, 1]
+        plan.src[back] = cycle_order[back, 1]
 
 
-def _cycle_moves(members: np.ndarray, pred: np.ndarray, src: np.ndarray, temp: int) -> np.ndarray:
-    """int64 [moves + cycles, 2]: (move index, temp slot or -1) rows. Per cycle: the first move
-    to ``temp`` (its row leaves its source), then each move whose destination was just vacated
-    (``pred`` backwards), and last the first move again from ``temp`` to its destination."""
+_BODY, _HOP_OUT, _HOP_BACK = 0, 1, 2
+
+
+def _cycle_moves(members: np.ndarray, pred: np.ndarray, temps: np.ndarray) -> np.ndarray:
+    """int64 [moves + cycles, 3]: (move index, temp slot, kind) rows breaking every cycle
+    through a free slot. Per cycle: its first move's row goes out to a temp slot (``_HOP_OUT``),
+    then each move whose destination was just vacated (``pred`` backwards, ``_BODY``), then the
+    row comes back from the temp slot to its destination (``_HOP_BACK``). Cycles go in groups
+    of as many as there are temp slots: all hops out of a group, then its bodies and hops back
+    together with the next group's hops out, so the whole lot is one piece per group plus one."""
     want = {int(pred[m]): int(m) for m in members}  # move p vacates a slot that move want[p] fills
     seen: set[int] = set()
-    rows = []
+    cycles = []
     for m0 in members.tolist():
         if m0 in seen:
             continue
-        rows.append((m0, temp))  # row of m0: source -> temp
+        body, cur = [], want[m0]
         seen.add(m0)
-        cur = want[m0]  # the move filling m0's (now vacated) source
         while cur != m0:
-            rows.append((cur, -1))
+            body.append(cur)
             seen.add(cur)
             cur = want[cur]
-        rows.append((m0, temp))  # temp -> m0's destination
-    return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+        cycles.append((m0, body))
+    rows = []
+    group = len(temps)
+    for g0 in range(0, len(cycles), group):
+        batch = list(zip(cycles[g0 : g0 + group], temps.tolist()))
+        if g0 == 0:
+            rows += [(m0, t, _HOP_OUT) for (m0, _), t in batch]
+        for (m0, body), t in batch:
+            rows += [(m, -1, _BODY) for m in body] + [(m0, t, _HOP_BACK)]
+        rows += [(m0, t, _HOP_OUT) for (m0, _), t in zip(cycles[g0 + group : g0 + 2 * group], temps.tolist())]
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
 
 
 def simulate(plan: MovePlan, requests: Mapping[int, Sequence[int]], free: Iterable[int],

@@ -7,8 +7,10 @@ fragmented, plans a new one (``plan_compaction``) and starts it (``Compaction``)
 
 Decisions:
 - Trigger per request, like llama.cpp's ``defrag_thold`` but in runs per 1k tokens: a request of
-  at least ``min_tokens`` tokens with more than ``threshold`` runs per 1k is selected; the others
-  keep their leading run in place. A compaction starts when any request is selected.
+  at least ``min_tokens`` tokens in at least ``min_runs`` runs with more than ``threshold`` runs
+  per 1k is selected; the others keep their leading run in place. A compaction starts when any
+  request is selected; a plan that moves nothing (or would reserve too much) backs off for
+  ``backoff_checks`` steps, so a pool that cannot improve is not re-planned every step.
 - A per-step budget bounds one step's added latency: at most ``budget_bytes`` (rows x every
   layer, read once and written once) and ``max_moves`` moves (the host bookkeeping is Python,
   a fraction of a microsecond per move), at least one move. A compaction larger than that runs
@@ -27,6 +29,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from serving.defrag.executor import Compaction
 from serving.defrag.measure import RunTracker, measure_pool
@@ -146,13 +150,14 @@ class Defragmenter:
             raise RuntimeError("Expected no compaction in progress, got one (finish or cancel it first)")
         t0 = time.perf_counter()
         alloc = self.pool.allocator
-        free = alloc.free_slots()
-        plan: MovePlan = plan_compaction(self._live(), free, self.pool.num_slots, select=select, reserve=self.policy.reserve)
+        free_mask = alloc.free_mask()
+        plan: MovePlan = plan_compaction(self._live(), np.flatnonzero(free_mask), self.pool.num_slots, select=select,
+                                         reserve=self.policy.reserve)
         self.stats.plan_s += time.perf_counter() - t0
         self.stats.deferred_requests += len(plan.deferred)
         if plan.num_moves == 0:
             return None
-        reserve = len(plan.initially_free_destinations(free))
+        reserve = len(plan.initially_free_destinations(free_mask))
         if reserve > self.policy.max_reserved_fraction * alloc.num_free:
             self.stats.skipped += 1
             return None

@@ -17,11 +17,13 @@ Decisions:
 - Large pools: the free stack drops taken slots lazily (``alloc`` skips slots that are no longer
   free, the stack is rebuilt when stale entries outnumber free ones), so ``relocate`` and
   ``reserve`` cost O(slots moved), not O(free slots); ``SlotTable.rename_at`` renames slots
-  at known (request, position) pairs in O(slots renamed) where ``remap`` scans every live slot.
+  at known (request, position) pairs in O(slots renamed) where ``remap`` scans every live slot;
+  ``free_mask`` gives the free set without walking the stack.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -55,6 +57,11 @@ class SlotAllocator:
 
     def is_free(self, slot: int) -> bool:
         return bool(self._is_free[slot])
+
+    def free_mask(self) -> np.ndarray:
+        """bool [num_slots]: which slots are free now (a copy, made in C: for planning and
+        measuring over large pools, where ``free_slots`` would walk the stack in Python)."""
+        return np.frombuffer(self._is_free, dtype=np.uint8).astype(bool)
 
     def free_slots(self) -> list[int]:
         """The free slots, in the order ``alloc`` would hand them out last-to-first."""
@@ -99,7 +106,16 @@ class SlotAllocator:
             self._is_free[s] = 0
         self._num_free -= len(slots)
 
+    def _all_owned(self, slots: list[int]) -> bool:
+        """Whether every slot is an allocated slot of this pool, once: vectorized for long lists."""
+        a = np.asarray(slots)
+        if a.dtype.kind not in "iu" or a.min() < 1 or a.max() >= self.num_slots:
+            return False
+        return not np.frombuffer(self._is_free, dtype=np.uint8)[a].any() and len(np.unique(a)) == len(a)
+
     def _check_owned(self, slots: list[int]) -> None:
+        if len(slots) > 64 and self._all_owned(slots):
+            return  # else the loop below names the first bad slot
         seen = set()
         for s in slots:
             if not isinstance(s, int) or not 0 < s < self.num_slots:
@@ -137,10 +153,9 @@ class SlotAllocator:
         Validated first (``check_relocate``): a bad call changes nothing."""
         self.check_relocate(src, dst)
         freed, taken = set(src) - set(dst), set(dst) - set(src)
-        for s in freed:
-            self._is_free[s] = 1
-        for d in taken:
-            self._is_free[d] = 0  # its stack entry goes stale; alloc skips it
+        flags = np.frombuffer(self._is_free, dtype=np.uint8)
+        flags[list(freed)] = 1
+        flags[list(taken)] = 0  # their stack entries go stale; alloc skips them
         self._free.extend(sorted(freed, reverse=True))
         self._num_free += len(freed) - len(taken)
         self._prune()
@@ -245,6 +260,8 @@ class SlotTable:
         ``positions[i]``, with no (request, position) pair twice."""
         if not len(req_ids) == len(positions) == len(src):
             raise ValueError(f"Expected as many requests, positions and slots, got {len(req_ids)}, {len(positions)}, {len(src)}")
+        if len(src) > 64 and self._all_at(req_ids, positions, src):
+            return  # else the loop below names the first bad one
         seen = set()
         for r, p, s in zip(req_ids, positions, src):
             slots = self._slots.get(r)
@@ -252,6 +269,21 @@ class SlotTable:
                 held = None if slots is None or not 0 <= p < len(slots) else slots[p]
                 raise ValueError(f"Expected request {r} to hold slot {s} at position {p} (once), got {held}")
             seen.add((r, p))
+
+    def _all_at(self, req_ids: list[int], positions: list[int], src: list[int]) -> bool:
+        """Whether each (request, position) holds its slot, with no pair twice (per request, in C)."""
+        reqs, pos, want = np.asarray(req_ids), np.asarray(positions), np.asarray(src)
+        order = np.argsort(reqs, kind="stable")
+        bounds = np.flatnonzero(np.diff(reqs[order])) + 1
+        for at in np.split(order, bounds):
+            r = int(reqs[at[0]])
+            slots, p = self._slots.get(r), pos[at]
+            if slots is None or p.min() < 0 or p.max() >= len(slots) or len(np.unique(p)) != len(p):
+                return False
+            if not np.array_equal(np.asarray(slots)[p] if len(p) > len(slots) // 8 else
+                                  np.fromiter((slots[i] for i in p.tolist()), np.int64, len(p)), want[at]):
+                return False
+        return True
 
     def rename_at(self, req_ids: list[int], positions: list[int], src: list[int], dst: list[int]) -> None:
         """Set position ``positions[i]`` of request ``req_ids[i]`` (holding ``src[i]``) to slot

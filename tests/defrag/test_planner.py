@@ -60,7 +60,7 @@ def check_plan(num_slots, reqs, free, select, reserve, chunk):
     return plan
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(pool_states())
 def test_plans_are_valid_move_by_move_in_chunks_and_at_once(state):
     check_plan(*state)
@@ -144,3 +144,13 @@ def test_contiguous_and_unselected_requests_stay_and_empty_pools_plan_nothing():
     assert plan.num_moves == 0 and plan.targets == {}
     plan = plan_compaction(reqs, [7, 8, 9], 10)
     assert 1 not in plan.targets and set(plan.targets) == {2}
+
+
+def test_runs_of_claimable_slots_split_on_claims_and_can_run_out():
+    from serving.defrag.planner import _Holes
+
+    holes = _Holes(np.array([True, False, False, False, True, False, False]))
+    assert holes.fits(np.array([1, 2, 3, 5, 0, -1]), 2).tolist() == [True, True, False, True, False, False]
+    holes.claim(1, 3)
+    holes.claim(5, 2)
+    assert holes.fits(np.array([1, 5]), 1).tolist() == [False, False] and len(holes.starts) == 0
