@@ -30,12 +30,12 @@ What contiguity buys besides speed is reported too: the slot indices a call read
 step (``kv_indices_build_us_128k``), and the largest free run before and after compaction.
 
 Gate: ``call: phases.defrag.benchmark:run`` (CUDA). CPU profile (tests): ``run(**CPU_PROFILE)``
-(plumbing only: CPU times mean nothing). Standalone: ``python -m phases.defrag.benchmark [--cpu]``.
+(plumbing only: CPU times mean nothing). Standalone: ``python -m phases.defrag.benchmark`` (``--cpu``
+with ``TRITON_INTERPRET=1``; ``--args`` JSON keyword arguments).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -49,7 +49,7 @@ import torch
 from kernel import MLAVerifyWrapper
 from kernel.plan import contiguous_runs
 from kernel.reference import tree_mask_from_parents
-from phases.defrag.common import pick_device
+from phases.defrag.common import gate_main, pick_device
 from serving.defrag import Compaction, DefragPolicy, measure_pool, plan_compaction
 from serving.defrag.executor import copy_rows_direct
 from serving.engine.kv_indices import build_kv_indices
@@ -404,15 +404,9 @@ def report(metrics: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu", action="store_true", help="the small CPU profile (plumbing only)")
-    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
-    ns = parser.parse_args()
-    kwargs = dict(CPU_PROFILE) if ns.cpu else {}
-    kwargs.update(json.loads(ns.args))
-    print(json.dumps(run(**kwargs), indent=1))
+def main(argv: list[str] | None = None) -> int:
+    return gate_main(run, CPU_PROFILE, __doc__, argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -7,8 +7,12 @@ and its layer, regenerated on the device to check it, so no shadow copy of the p
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
+import os
 import random
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +23,22 @@ from serving.engine.kv_pool import KVPool
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CHECK_ROWS = 1 << 15  # rows regenerated per comparison (bounds the temporary)
+
+
+def gate_main(run, cpu_profile: dict, doc: str, argv: list[str] | None = None) -> int:
+    """A gate's standalone command: ``--cpu`` (its CPU profile; the kernel then needs
+    ``TRITON_INTERPRET=1`` in the environment) and ``--args`` (JSON keyword arguments for ``run``)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="the small CPU profile")
+    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
+    ns = parser.parse_args(argv)
+    if ns.cpu and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        print("error: the CPU profile runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    kwargs = dict(cpu_profile) if ns.cpu else {}
+    kwargs.update(json.loads(ns.args))
+    print(json.dumps(run(**kwargs), indent=1))
+    return 0
 
 
 def pick_device(device: str | None) -> torch.device:

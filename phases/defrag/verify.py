@@ -27,12 +27,12 @@ failed), ``leaked_slots`` (summed over every check), ``output_mismatches`` (atte
 not bitwise equal + tokens differing in the engine runs), with their parts and counts beside.
 
 Gate: ``call: phases.defrag.verify:run`` with ``args: {requests: 256, rounds: 50}`` (CUDA).
-CPU profile (tests): ``run(**CPU_PROFILE)``. Standalone: ``python -m phases.defrag.verify [--cpu]``.
+CPU profile (tests): ``run(**CPU_PROFILE)``. Standalone: ``python -m phases.defrag.verify`` (``--cpu`` with
+``TRITON_INTERPRET=1``; ``--args`` JSON keyword arguments).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -44,7 +44,7 @@ import torch
 
 from kernel import MLAVerifyWrapper
 from kernel.plan import contiguous_runs
-from phases.defrag.common import DTYPES, StampedPool, attention_batch, kv_indices, pick_device
+from phases.defrag.common import DTYPES, StampedPool, attention_batch, gate_main, kv_indices, pick_device
 from serving.defrag import Compaction, DefragPolicy, Defragmenter, measure_pool, plan_compaction, simulate
 from serving.engine.attention import make_backend
 from serving.engine.drafters import parse_speculate
@@ -331,15 +331,9 @@ def _random_lists(num_slots: int, steps: int, rng: random.Random) -> tuple[dict[
     return {r: s for r, s in reqs.items() if s}, free
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu", action="store_true", help="the small CPU profile")
-    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
-    ns = parser.parse_args()
-    kwargs = dict(CPU_PROFILE) if ns.cpu else {}
-    kwargs.update(json.loads(ns.args))
-    print(json.dumps(run(**kwargs), indent=1))
+def main(argv: list[str] | None = None) -> int:
+    return gate_main(run, CPU_PROFILE, __doc__, argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
