@@ -102,7 +102,7 @@ def test_a_failure_inside_a_piece_leaves_the_pool_as_before_it(where, seed):
     while not c.done:
         before, at = snapshot(pool), c.next
         try:
-            c.step(2)
+            c.step(1)  # one move: one piece
         except RuntimeError as exc:
             assert "injected" in str(exc)
             assert same_state(pool, before) and c.next == at  # the failing piece left no trace
@@ -137,6 +137,30 @@ def test_a_piece_whose_destination_is_its_own_source_is_undone_from_the_gathered
     c.cancel()
     Compaction(pool, plan, copy="torch").run()
     assert pool.table.slots(1) == [3, 6] and torch.equal(pool.kv[:, [3, 6]], rows[1])
+
+
+@pytest.mark.parametrize("seed", [0, 4, 5])  # pools whose plans break cycles
+def test_a_failure_in_a_later_piece_keeps_the_earlier_ones_and_a_consistent_pool(seed):
+    """Pieces are the unit of atomicity: a step of many pieces that fails keeps what its earlier
+    pieces moved; the pool is consistent, and the compaction can go on."""
+    pool = churn_pool(160, 200, seed)
+    plan = plan_for(pool)
+    assert plan.temp_moves > 0  # cycles: a hop-out piece, then the rest
+    calls = {"n": 0}
+
+    def faults(stage: str) -> None:
+        calls["n"] += stage == "table"
+        if calls["n"] == 2 and stage == "table":
+            raise RuntimeError("injected")
+
+    c = Compaction(pool, plan, copy="torch", faults=faults)
+    rows = rows_of(pool)
+    with pytest.raises(RuntimeError, match="injected"):
+        c.step()
+    assert 0 < c.next < plan.num_moves and c.stats.pieces == 1
+    assert_consistent(pool, rows, reserved=len(c.reserved))
+    c.run()
+    assert_consistent(pool, rows)
 
 
 def test_cancel_returns_the_reservations_and_keeps_what_moved():
