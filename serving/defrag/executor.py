@@ -20,6 +20,8 @@ Decisions:
   destination was free). When they overlap, the sources are gathered first
   (``index_select``), then scattered (``index_copy_``), and restored from the gathered copy
   if anything fails. On a CPU (no interpreter) both use torch.
+- Never under a live graph: ``step`` refuses to run while the current CUDA stream is capturing
+  (moves are host-driven and would be recorded, then replayed with stale slots).
 - ``faults`` (tests): a callable invoked at "copy", "table" and "allocator" inside a piece; raising
   there exercises the undo.
 """
@@ -140,6 +142,8 @@ class Compaction:
     def step(self, max_moves: int | None = None) -> int:
         """Apply the next ``max_moves`` moves (None: all); returns the moves applied. Releases
         the leftover reservations when the plan is finished."""
+        if self.pool.kv.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("Expected compaction between steps, got a CUDA graph capture in progress")
         t0 = time.perf_counter()
         end = len(self._src) if max_moves is None else min(len(self._src), self.next + max(1, max_moves))
         base, applied = self.next, 0

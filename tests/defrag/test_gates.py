@@ -150,3 +150,23 @@ def test_compaction_on_a_cuda_pool_with_events():
     for r in t.requests():
         assert torch.equal(pool.kv[:, t.slots(r)], rows[r])
         assert t.device_slots(r).tolist() == t.slots(r)
+
+
+@gpu
+@needs_cuda
+def test_compaction_refuses_to_run_under_a_graph_capture():
+    from tests.defrag.pools import churn_pool
+
+    pool = churn_pool(200, 150, 2)
+    pool.kv = pool.kv.cuda()
+    pool.table.rows, pool.table.device = pool.table.rows.cuda(), pool.kv.device
+    t = pool.table
+    plan = plan_compaction({r: t.slots(r) for r in t.requests()}, pool.allocator.free_slots(), pool.num_slots)
+    c = Compaction(pool, plan)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(side), pytest.raises(RuntimeError, match="graph capture in progress"):
+        with torch.cuda.graph(graph):
+            c.step(1)
+    assert c.next == 0
+    c.run()
+    assert pool.leaked_slots() == 0
