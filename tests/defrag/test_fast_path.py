@@ -154,3 +154,23 @@ def test_fast_path_cases_stay_within_their_profiles_and_build_distinct_slots():
         runs = fast_path_args(inputs)["kv_contig"]
         if not case.scattered:
             assert runs.tolist() == list(case.context_lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.parametrize("heads, drafts, scattered", [(16, (1, 1), False), (16, (8, 3), True), (128, (8,), True)])
+def test_the_hopper_fast_path_is_bitwise_the_gather_path(heads, drafts, scattered):
+    """Both Gluon split kernels (16 packed rows: keys as M; more: two warpgroups), with each
+    request's leading run read as start + position by the producer."""
+    from phases.kernel.bench.cases import Case
+
+    case = Case(num_heads=heads, draft_lens=drafts, context_lens=tuple(4099 + 977 * b for b in range(len(drafts))),
+                scattered=scattered, fast_path=True, seed=7)
+    inputs = build_inputs(case, "cuda")
+    args = fast_path_args(inputs)
+    runs = args["kv_contig"].tolist()
+    assert runs == list(case.context_lens) if not scattered else 128 < min(runs) and max(runs) < min(case.context_lens)
+    gathered = mla_verify_attention(**inputs, backend="hopper")
+    fast = mla_verify_attention(**inputs, backend="hopper", **args)
+    assert torch.equal(gathered.view(torch.int16), fast.view(torch.int16))
