@@ -389,9 +389,9 @@ def report(metrics: dict, rows: list[dict]) -> str:
         "## What contiguity buys",
         "",
         f"- speed: {speed:.3f}x at 128k (geometric mean, compacted with the contiguous fast path; "
-        f"{metrics['contiguous_speedup_nofast_128k']:.3f}x gathering by index as the engine does today); break-even after "
-        + (f"{breakeven:.0f} verify steps" if isinstance(breakeven, float) else "never (no saving)")
-        + " for a fully scattered 128k request.",
+        f"{metrics['contiguous_speedup_nofast_128k']:.3f}x gathering by index as the engine does today); compacting a "
+        "fully scattered 128k request pays for itself "
+        + (f"after {breakeven:.0f} verify steps." if isinstance(breakeven, float) else "never (no saving)."),
         ("- little: on this GPU a 1152-byte row is already a long contiguous read, so gathering by index costs "
          "about what reading a range costs." if speed < 1.05 else
          f"- the contiguous fast path saves {100 * (1 - 1 / speed):.0f}% of the verify call at 128k."),
