@@ -11,7 +11,9 @@ Two split kernels, both warp-specialized around the same producer:
 * producer partition (4 warps): gathers 64 KV rows per stage with 16-byte ``cp.async`` into
   a 2-deep ring (the 512-wide latent part and the 64-wide rope part in separate power-of-two
   shared buffers). The next tile's slot indices are loaded before waiting for a free slot, so
-  no gather waits on a dependent index load. Each producer thread arrives on the slot's "full"
+  no gather waits on a dependent index load; with the contiguous fast path (``KV_START`` /
+  ``KV_CONTIG``, compiled out when not given) keys of a request's leading run of consecutive
+  slots are addressed as ``start + position`` instead. Each producer thread arrives on the slot's "full"
   mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``); the consumer releases
   the slot on its "empty" mbarrier.
 * ``_mla_verify_hopper_split_kernel`` (64 packed rows per work item, 8-warp consumer = two
@@ -263,14 +265,17 @@ def run_split_and_combine(
         _check_launch(plan, q, kv, kv_indices, out, partial_o, partial_lse, bm)
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)
-    _split_kernel(variant)[(layout.max_work,)](
+    fn = _split_kernel(variant)
+    contiguous = {"KV_START": plan_tensors["kv_start"], "KV_CONTIG": plan_tensors["kv_contig"]} \
+        if plan.kv_contig is not None and "KV_CONTIG" in fn.arg_names else {}  # the contiguous fast path
+    fn[(layout.max_work,)](
         q, kv, kv_indices, mask_arg, out, partial_o, partial_lse,
         plan_tensors["counts"], qo_indptr, kv_indptr, plan_tensors["mask_offsets"],
         plan_tensors["work_req"], plan_tensors["work_mblk"], plan_tensors["work_kv_start"],
         plan_tensors["work_kv_end"], plan_tensors["work_full_end"], plan_tensors["work_nsplit"],
         plan.num_heads, sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         CAUSAL=causal, num_warps=variant.num_warps,
-        **_split_constexprs(variant),
+        **_split_constexprs(variant), **contiguous,
     )
     if plan.needs_combine or fixed_grid:
         launch_combine(out, partial_o, partial_lse, plan_tensors, qo_indptr, plan.num_heads, layout.max_row_blocks, bm,

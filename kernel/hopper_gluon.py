@@ -19,10 +19,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
+def _tile_slots(KV_INDICES, kv_base, keys, ok, contig, slot_base, CONTIGUOUS: gl.constexpr):
+    """Slots of a tile's keys: ``slot_base + key`` for keys in the request's contiguous run
+    (``CONTIGUOUS`` and ``key < contig``: no index load), else from ``kv_indices``."""
+    if CONTIGUOUS:
+        in_run = keys < contig
+        gathered = gl.load(KV_INDICES + kv_base + keys, mask=ok & (keys >= contig), other=0)
+        return gl.where(in_run, slot_base + keys, gathered)
+    else:
+        return gl.load(KV_INDICES + kv_base + keys, mask=ok, other=0)
+
+@gluon.jit
 def _producer(KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
               BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr, HEAD_DIM: gl.constexpr,
-              STAGES: gl.constexpr):
-    """Gather the work item's KV rows, tile by tile, into the shared ring."""
+              STAGES: gl.constexpr, KV_START=None, KV_CONTIG=None):
+    """Gather the work item's KV rows, tile by tile, into the shared ring. KV_START, KV_CONTIG:
+    int32 [B] or None (compiled out), the contiguous fast path (``_tile_slots``)."""
     g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     row_layout: gl.constexpr = gl.SliceLayout(1, g_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, g_layout)
@@ -37,7 +49,12 @@ def _producer(KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, kta
     offs_tail = D_MAIN + gl.arange(0, D_TAIL, layout=col_layout)
     keys = kv_start + offs_n
     ok = keys < kv_end
-    slot = gl.load(KV_INDICES + kv_base + keys, mask=ok, other=0)
+    contig = 0
+    slot_base = 0
+    if KV_CONTIG is not None:
+        contig = gl.load(KV_CONTIG + b)
+        slot_base = gl.load(KV_START + b)
+    slot = _tile_slots(KV_INDICES, kv_base, keys, ok, contig, slot_base, KV_CONTIG is not None)
     for i in range(n_tiles):
         s = i % STAGES
         phase = (i // STAGES) & 1
@@ -46,7 +63,7 @@ def _producer(KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, kta
         # Next tile's indices before waiting for a free slot.
         keys = kv_start + (i + 1) * BLOCK_N + offs_n
         ok = keys < kv_end
-        slot = gl.load(KV_INDICES + kv_base + keys, mask=ok, other=0)
+        slot = _tile_slots(KV_INDICES, kv_base, keys, ok, contig, slot_base, KV_CONTIG is not None)
         row = KV + cur_slot.to(gl.int64) * HEAD_DIM
         mbarrier.wait(empty.index(s), phase ^ 1)
         async_copy.async_copy_global_to_shared(
@@ -216,6 +233,7 @@ def _mla_verify_hopper_split_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
     DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
+    KV_START=None, KV_CONTIG=None,
 ):
     """Grid: (num_work,). Q: [N, H, 576] bf16; KV: [slots, 576] bf16 (contiguous rows);
     OUT: [N, H, 512]; PARTIAL_O: fp32 [num_work, 64, 512]; PARTIAL_LSE: fp32 [num_work, 64] (log2).
@@ -237,7 +255,7 @@ def _mla_verify_hopper_split_kernel(
                          q_main, q_tail, kmain, ktail, p_smem, full, empty,
                          BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS)),
             (_producer, (KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
-                         BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES)),
+                         BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES, KV_START, KV_CONTIG)),
         ],
         [PRODUCER_WARPS],
         [PRODUCER_REGS],
@@ -337,6 +355,7 @@ def _mla_verify_hopper_keys_as_m_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
     DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
+    KV_START=None, KV_CONTIG=None,
 ):
     """As ``_mla_verify_hopper_split_kernel`` for BLOCK_M <= 32 packed rows, with a one-warpgroup
     keys-as-M consumer (``_consumer_keys_as_m``); PARTIAL_O: fp32 [num_work, BLOCK_M, 512].
@@ -357,7 +376,7 @@ def _mla_verify_hopper_keys_as_m_kernel(
                                    q_main, q_tail, kmain, ktail, p_smem, full, empty,
                                    BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, STAGES, CAUSAL, NUM_WARPS)),
             (_producer, (KV, KV_INDICES, KV_INDPTR, W_REQ, W_KV_START, W_KV_END, kmain, ktail, full, empty,
-                         BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES)),
+                         BLOCK_N, D_MAIN, D_TAIL, HEAD_DIM, STAGES, KV_START, KV_CONTIG)),
         ],
         [PRODUCER_WARPS],
         [PRODUCER_REGS],

@@ -26,6 +26,7 @@ from kernel.plan import (
     max_row_blocks,
     max_work_items,
     plan_work,
+    with_contiguity,
 )
 from kernel import hopper
 from kernel.staging import upload_plan
@@ -182,6 +183,7 @@ def run_plan(
     assert workspace.fits(plan), "workspace smaller than the plan"
     causal = tree_mask is None
     mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)  # any pointer when causal
+    contiguous = {} if plan.kv_contig is None else {"KV_START": meta["kv_start"], "KV_CONTIG": meta["kv_contig"]}
     compiled = _mla_verify_split_kernel[(layout.max_work,)](
         q, kv, kv_indices, mask_arg, out, workspace.partial_o, workspace.partial_lse,
         meta["counts"], meta["qo_indptr"], meta["kv_indptr"], meta["mask_offsets"],
@@ -191,7 +193,7 @@ def run_plan(
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
         D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
         BLOCK_DV=dims.block_dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **contiguous,
     )
     if combine and (plan.needs_combine or fixed_grid):
         launch_combine(out, workspace.partial_o, workspace.partial_lse, meta, meta["qo_indptr"], plan.num_heads,
@@ -362,6 +364,8 @@ class MLAVerifyWrapper:
         v_head_dim: int = 512,
         config: TileConfig | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        kv_start=None,
+        kv_contig=None,
     ) -> MLAVerifyPlan:
         """Decide the work decomposition of a batch and copy it to the device.
 
@@ -369,6 +373,12 @@ class MLAVerifyWrapper:
         dtype: q's dtype. config: tile configuration (None: the default for the batch, or the
         workspace's under ``use_cuda_graph``). Allocates a workspace if the wrapper owns one and
         it is too small; raises ``ValueError`` if a caller's workspace is too small.
+        kv_start, kv_contig: host int [B], the contiguous fast path (``kernel.plan.with_contiguity``):
+        request b's first kv_contig[b] keys (default: its prefix) sit at slots kv_start[b] +
+        position (-1: none) and are read without index loads; kv_indices must still name them.
+        None: every key through kv_indices (the kernels are compiled without the fast path).
+        Under ``use_cuda_graph`` the kernels captured read the fast path's metadata only if the
+        plan made before capture had it (later plans refresh it; all -1 turns it off).
         Returns the plan (host lists).
         """
         if self.use_cuda_graph:
@@ -379,6 +389,8 @@ class MLAVerifyWrapper:
             config = triton_config_for(config)  # a graph workspace sized for the Hopper path, fp16 q
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config,
                          hopper_tiles=path == "hopper")
+        if kv_start is not None:
+            with_contiguity(plan, kv_start, kv_contig)
         if self._workspace is None or not self._workspace.fits(plan):
             if not self._owns_workspace:
                 raise ValueError(
@@ -469,6 +481,8 @@ def mla_verify_attention(
     *,
     config: TileConfig | None = None,
     backend: str = "auto",
+    kv_start=None,
+    kv_contig=None,
 ) -> torch.Tensor:
     """Tree-masked MLA verify attention over a page_size=1 KV pool.
 
@@ -489,11 +503,12 @@ def mla_verify_attention(
     config: optional Triton tile configuration (benchmarks and tuning; selects the Triton path).
     backend: "auto" (the Hopper path on sm_90 where it applies, else Triton), "triton" or "hopper"
         (``MLAVerifyWrapper``).
+    kv_start, kv_contig: host int [B], the contiguous fast path (``MLAVerifyWrapper.plan``).
     Returns out: [N, H, DV], q's dtype. Deterministic: identical inputs give identical bits.
     """
     check_inputs(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, v_head_dim, out)
     wrapper = MLAVerifyWrapper(q.device, backend=backend)
-    wrapper.plan(qo_indptr, kv_indptr, q.shape[1], q.shape[2], v_head_dim, config, q.dtype)
+    wrapper.plan(qo_indptr, kv_indptr, q.shape[1], q.shape[2], v_head_dim, config, q.dtype, kv_start, kv_contig)
     return wrapper.run(q, kv_cache, kv_indices, tree_mask, sm_scale, out)
 
 

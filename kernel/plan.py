@@ -124,6 +124,10 @@ class MLAVerifyPlan:
     chunk: int = 0
     needs_combine: bool = False  # some row block has more than one split
     max_nsplit: int = 0  # the most splits of any row block
+    # Contiguous fast path (``with_contiguity``): request b's first kv_contig[b] keys sit at slots
+    # kv_start[b] + position (int64 [B]); None: every key is read through kv_indices.
+    kv_start: np.ndarray | None = None
+    kv_contig: np.ndarray | None = None
 
     @property
     def num_work(self) -> int:
@@ -181,6 +185,7 @@ class PlanLayout:
                  "mask_offsets": self.max_batch}
         sizes.update(dict.fromkeys(WORK_ARRAYS, self.max_work))
         sizes.update(dict.fromkeys(ROW_BLOCK_ARRAYS, self.max_row_blocks))
+        sizes.update(kv_start=self.max_batch, kv_contig=self.max_batch)  # zeros: no contiguous keys
         return sizes
 
     @property
@@ -209,6 +214,8 @@ class PlanLayout:
             "kv_indptr": _exclusive_sums(plan.kv_lens),
             "mask_offsets": plan.mask_offsets,
             **{name: getattr(plan, name) for name in WORK_ARRAYS + ROW_BLOCK_ARRAYS},
+            "kv_start": _EMPTY if plan.kv_start is None else plan.kv_start,
+            "kv_contig": _EMPTY if plan.kv_contig is None else plan.kv_contig,
         }
         flat = np.zeros(self.numel, dtype=np.int32) if into is None else into[: self.numel]
         if into is not None:
@@ -285,3 +292,45 @@ def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: Head
     plan.needs_combine = bool((nonempty > 1).any())
     plan.max_nsplit = int(nonempty.max()) if len(nonempty) else 0
     return plan
+
+
+def with_contiguity(plan: MLAVerifyPlan, kv_start, kv_contig=None) -> MLAVerifyPlan:
+    """``plan`` with the contiguous fast path: request b's first ``kv_contig[b]`` keys sit at slots
+    ``kv_start[b] + position`` (``kv_start[b] = -1``: none). ``kv_contig`` None: every request
+    with a start has its whole prefix (``L_b - T_b`` keys) there. The kernels trust it: the caller
+    states it from its slot table (``contiguous_runs`` computes it from host indices).
+    ValueError for a length that is not the batch's, a count outside [0, L_b], or a count
+    without a start."""
+    batch = len(plan.kv_lens)
+    start = np.asarray(kv_start, dtype=np.int64).reshape(-1)
+    lengths = np.asarray(plan.kv_lens, dtype=np.int64)
+    contig = start if kv_contig is None else np.asarray(kv_contig, dtype=np.int64).reshape(-1)
+    if len(start) != batch or len(contig) != batch:
+        raise ValueError(f"Expected kv_start and kv_contig of the batch's {batch} requests, got {len(start)} and {len(contig)}")
+    if kv_contig is None:
+        contig = np.where(start >= 0, lengths - np.asarray(plan.qo_lens, dtype=np.int64), 0)
+    bad = np.flatnonzero((contig < 0) | (contig > lengths) | ((contig > 0) & (start < 0)))
+    if len(bad):
+        b = int(bad[0])
+        raise ValueError(f"Expected 0 <= kv_contig[b] <= L_b and kv_start[b] >= 0 where kv_contig[b] > 0, got "
+                         f"kv_start={int(start[b])}, kv_contig={int(contig[b])}, L={int(lengths[b])} for request {b}")
+    plan.kv_start, plan.kv_contig = np.where(contig > 0, start, -1), contig
+    return plan
+
+
+def contiguous_runs(kv_indptr, kv_indices) -> tuple[np.ndarray, np.ndarray]:
+    """(kv_start, kv_contig) int64 [B] from host ``kv_indptr`` [B+1] and ``kv_indices``: each
+    request's first slot and the length of its leading run of consecutive slots."""
+    indptr = np.asarray(kv_indptr, dtype=np.int64).reshape(-1)
+    slots = np.asarray(kv_indices, dtype=np.int64).reshape(-1)
+    starts, runs = [], []
+    for b in range(len(indptr) - 1):
+        s = slots[indptr[b] : indptr[b + 1]]
+        if len(s) == 0:
+            starts.append(-1)
+            runs.append(0)
+            continue
+        breaks = np.flatnonzero(s - np.arange(len(s)) != s[0])
+        starts.append(int(s[0]))
+        runs.append(int(breaks[0]) if len(breaks) else len(s))
+    return np.asarray(starts, dtype=np.int64), np.asarray(runs, dtype=np.int64)

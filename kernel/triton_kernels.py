@@ -7,7 +7,9 @@ keeps an online softmax, and accumulates P @ V where V is the first DV values of
 tile (absorbed MLA: the latent row is both K and V). Tiles that lie wholly in the request's
 prefix need no mask; only the tail tiles (draft keys, chunk end) apply bounds and the tree
 mask. A program whose (request, M-block) has a single split writes the normalized output;
-otherwise it writes an fp32 partial output and its log2-sum-exp.
+otherwise it writes an fp32 partial output and its log2-sum-exp. With ``KV_START`` /
+``KV_CONTIG`` (the contiguous fast path, compiled out when None) the whole prefix tiles of a
+request's leading run of consecutive slots are addressed as ``start + position``, no index load.
 
 ``_mla_verify_combine_kernel``: merges the splits of each packed row with their LSEs.
 
@@ -30,12 +32,16 @@ def _attend_tile(
     D: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, V_IS_K_MAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    CONTIG: tl.constexpr = False, slot_base=0,
 ):
     """One KV tile of the online softmax. acc: fp32 [BLOCK_M, BLOCK_DV]; m_i, l_i: fp32 [BLOCK_M];
     q_main: [BLOCK_M, D_MAIN]; q_tail: [BLOCK_M, D_TAIL]. Returns the updated (acc, m_i, l_i).
+    CONTIG: the tile's keys sit at slots ``slot_base + position`` (no index load; unmasked tiles only).
     """
     cols = start + tl.arange(0, BLOCK_N)  # key positions within the request
-    if MASKED:
+    if CONTIG:
+        slot = (slot_base + cols).to(tl.int64)
+    elif MASKED:
         col_ok = cols < kv_end
         slot = tl.load(KV_INDICES + kv_base + cols, mask=col_ok, other=0).to(tl.int64)
     else:
@@ -114,11 +120,14 @@ def _mla_verify_split_kernel(
     DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    KV_START=None, KV_CONTIG=None,
 ):
     """Grid: (>= num_work,).  Q: [N, H, D].  KV: [num_slots, D].  OUT: [N, H, DV].
     PARTIAL_O: fp32 [num_work, BLOCK_M, BLOCK_DV].  PARTIAL_LSE: fp32 [num_work, BLOCK_M] (log2 domain).
     COUNTS: int32 [2], COUNTS[0] = num_work: programs past it (a grid sized for the largest
     plan, as under CUDA graphs) exit without reading or writing anything else.
+    KV_START, KV_CONTIG: int32 [B] or None (compiled out): request b's first KV_CONTIG[b] keys
+    sit at slots KV_START[b] + position; whole unmasked tiles among them skip the index load.
     """
     tl.static_assert(D_MAIN <= D, "D_MAIN is the power-of-two head part")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys per tile")
@@ -157,8 +166,23 @@ def _mla_verify_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # Whole prefix tiles first, without masks; then the masked tail (draft keys, chunk end).
-    for start in range(kv_start, full_end, BLOCK_N):
+    # Whole prefix tiles first, without masks (those in a contiguous run without index loads);
+    # then the masked tail (draft keys, chunk end).
+    contig_end = kv_start
+    if KV_CONTIG is not None:
+        contig = tl.minimum(tl.load(KV_CONTIG + b), full_end)
+        slot_base = tl.load(KV_START + b)
+        contig_end = kv_start + tl.maximum(contig - kv_start, 0) // BLOCK_N * BLOCK_N
+        # Two stages: the contiguous tiles' loads pipeline into shared memory; more stages
+        # would take more of it than the gathered loop uses.
+        for start in tl.range(kv_start, contig_end, BLOCK_N, num_stages=2):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
+                kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,
+                stride_kv, qk_scale,
+                D, D_MAIN, D_TAIL, DV, BLOCK_DV, V_IS_K_MAIN, BLOCK_N, False, CAUSAL, UPCAST, True, slot_base,
+            )
+    for start in range(contig_end, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q_main, q_tail, KV, KV_INDICES, TREE_MASK,
             kv_base, start, kv_end, prefix_len, num_draft, mask_offset, t_idx, row_ok,

@@ -62,7 +62,7 @@ def fill_requests(pool, rng: random.Random, lengths: list[int]) -> list[int]:
     """Live requests with the given context lengths on scattered free slots; returns their ids."""
     free = pool.allocator.free_slots()
     chosen = rng.sample(free, sum(lengths))
-    pool.allocator.take(chosen)
+    pool.allocator.reserve(chosen)
     ids, at = [], 0
     for i, n in enumerate(lengths):
         req = 10_000 + i

@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay decode / verify steps from CUDA graphs captured before the first request "
                         "(default: on with the kernel backend on CUDA)")
     g.add_argument("--graph-batch-sizes", default=None, help="comma-separated batch sizes to capture (default 1,2,4,...,256)")
+    g.add_argument("--no-defrag", action="store_true", help="measure KV fragmentation but never compact (serving.defrag)")
     return parser
 
 
@@ -221,6 +222,9 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
 
         report = enable_cuda_graphs(engine, sizes)
         warmup_s, graph_bytes = report.seconds, report.total_bytes
+    from serving.defrag.cli import attach_defrag  # phase defrag: compaction between steps
+
+    defrag = attach_defrag(engine, enabled=not args.no_defrag)
     requests = [engine.add_request(p, args.max_new_tokens) for p in prompts]
     longest = max(len(p) for p in prompts)
     t0 = time.perf_counter()
@@ -258,6 +262,7 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         "graph_replays": engine.runner.graphs.replays if engine.runner.graphs else 0,
         "wall_s": time.perf_counter() - t0,
         "leaked_slots": pool.leaked_slots(),
+        "defrag": defrag.summary(),
     }
 
 
@@ -303,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step, "
             f"{share}prefill {result['prefill_tokens_per_s']:.0f} tokens/s{graphs}"
         )
+        from serving.defrag.cli import defrag_line
+
+        print(defrag_line(result["defrag"]))
     failed = [(i, r["error"]) for i, r in enumerate(result["requests"]) if r["error"]]
     for i, message in failed:
         _error(f"request [{i}] failed: {message}")

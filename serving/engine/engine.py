@@ -123,6 +123,9 @@ class Engine:
         self.record_margins = record_margins
         self.profile = profile
         self.stats = StepStats()
+        # Called as hook(engine) after every step of run(), when no step is in flight (e.g.
+        # serving.defrag's compaction); a hook may move pool rows and rename slots.
+        self.between_steps: list[Callable[["Engine"], None]] = []
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -298,6 +301,8 @@ class Engine:
                 self.prefill(req, progress)
         while any(not r.finished for r in requests):
             self.step(requests)
+            for hook in self.between_steps:
+                hook(self)
         return requests
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Request]:

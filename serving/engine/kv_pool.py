@@ -14,10 +14,16 @@ Decisions:
   (lengths, freeing) and every change goes to both.
 - Row moves (``KVPool.move_rows``) and slot renames (``SlotTable.remap``) are the primitives a
   defragmenter composes; each validates everything before it changes anything.
+- Large pools: the free stack drops taken slots lazily (``alloc`` skips slots that are no longer
+  free, the stack is rebuilt when stale entries outnumber free ones), so ``relocate`` and
+  ``reserve`` cost O(slots moved), not O(free slots); ``SlotTable.rename_at`` renames slots
+  at known (request, position) pairs in O(slots renamed) where ``remap`` scans every live slot;
+  ``free_mask`` gives the free set without walking the stack.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -38,10 +44,11 @@ class SlotAllocator:
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, 0, -1))  # pop() hands out 1, 2, 3, ... first
         self._is_free = bytearray([0]) + bytearray([1]) * (num_slots - 1)
+        self._num_free = num_slots - 1  # _free may also hold stale entries (taken since pushed)
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def capacity(self) -> int:
@@ -51,30 +58,64 @@ class SlotAllocator:
     def is_free(self, slot: int) -> bool:
         return bool(self._is_free[slot])
 
+    def free_mask(self) -> np.ndarray:
+        """bool [num_slots]: which slots are free now (a copy, made in C: for planning and
+        measuring over large pools, where ``free_slots`` would walk the stack in Python)."""
+        return np.frombuffer(self._is_free, dtype=np.uint8).astype(bool)
+
     def free_slots(self) -> list[int]:
         """The free slots, in the order ``alloc`` would hand them out last-to-first."""
-        return list(self._free)
+        seen, slots = set(), []
+        for s in reversed(self._free):  # the topmost entry of a slot is the live one
+            if self._is_free[s] and s not in seen:
+                seen.add(s)
+                slots.append(s)
+        slots.reverse()
+        return slots
+
+    def _prune(self) -> None:
+        """Rebuild the stack once stale entries outnumber the free slots (amortized O(1))."""
+        if len(self._free) > 2 * self._num_free + 1024:
+            self._free = self.free_slots()
 
     def alloc(self, n: int) -> list[int]:
         """``n`` free slots, or PoolExhausted and nothing allocated."""
         if n < 0:
             raise ValueError(f"Expected n >= 0 slots, got {n}")
-        if n > len(self._free):
-            raise PoolExhausted(f"pool exhausted: asked {n}, free {len(self._free)}")
-        slots = [self._free.pop() for _ in range(n)]
-        for s in slots:
-            self._is_free[s] = 0
+        if n > self._num_free:
+            raise PoolExhausted(f"pool exhausted: asked {n}, free {self._num_free}")
+        slots = []
+        while len(slots) < n:
+            s = self._free.pop()
+            if self._is_free[s]:  # else a stale entry: taken by relocate / reserve since
+                self._is_free[s] = 0
+                slots.append(s)
+        self._num_free -= n
         return slots
 
-    def take(self, slots: list[int]) -> None:
-        """Allocate exactly ``slots`` (all free, none twice), or ValueError and nothing allocated."""
-        if len(set(slots)) != len(slots) or not all(isinstance(s, int) and 0 < s < self.num_slots and self._is_free[s] for s in slots):
-            raise ValueError(f"Expected distinct free slots in [1, {self.num_slots - 1}], got {slots[:8]}{'...' if len(slots) > 8 else ''}")
+    def reserve(self, slots: list[int]) -> None:
+        """Take these specific free slots (a defragmenter's destinations), all or none:
+        ValueError, reserving nothing, unless each is a free slot of this pool, listed once.
+        They count as allocated until ``free`` returns them or ``relocate`` fills them."""
+        seen = set()
+        for s in slots:
+            if not isinstance(s, int) or not 0 < s < self.num_slots or not self._is_free[s] or s in seen:
+                raise ValueError(f"Expected free slots of this pool, each once, got slot {s!r}")
+            seen.add(s)
         for s in slots:
             self._is_free[s] = 0
-        self._free = [s for s in self._free if self._is_free[s]]
+        self._num_free -= len(slots)
+
+    def _all_owned(self, slots: list[int]) -> bool:
+        """Whether every slot is an allocated slot of this pool, once: vectorized for long lists."""
+        a = np.asarray(slots)
+        if a.dtype.kind not in "iu" or a.min() < 1 or a.max() >= self.num_slots:
+            return False
+        return not np.frombuffer(self._is_free, dtype=np.uint8)[a].any() and len(np.unique(a)) == len(a)
 
     def _check_owned(self, slots: list[int]) -> None:
+        if len(slots) > 64 and self._all_owned(slots):
+            return  # else the loop below names the first bad slot
         seen = set()
         for s in slots:
             if not isinstance(s, int) or not 0 < s < self.num_slots:
@@ -89,6 +130,8 @@ class SlotAllocator:
         for s in slots:
             self._is_free[s] = 1
             self._free.append(s)
+        self._num_free += len(slots)
+        self._prune()
 
     def check_relocate(self, src: list[int], dst: list[int]) -> None:
         """ValueError unless ``relocate(src, dst)`` is valid: every source allocated, every
@@ -110,13 +153,12 @@ class SlotAllocator:
         Validated first (``check_relocate``): a bad call changes nothing."""
         self.check_relocate(src, dst)
         freed, taken = set(src) - set(dst), set(dst) - set(src)
-        for s in freed:
-            self._is_free[s] = 1
-        for d in taken:
-            self._is_free[d] = 0
-        if taken:
-            self._free = [s for s in self._free if s not in taken]
+        flags = np.frombuffer(self._is_free, dtype=np.uint8)
+        flags[list(freed)] = 1
+        flags[list(taken)] = 0  # their stack entries go stale; alloc skips them
         self._free.extend(sorted(freed, reverse=True))
+        self._num_free += len(freed) - len(taken)
+        self._prune()
 
 
 class SlotTable:
@@ -212,6 +254,51 @@ class SlotTable:
             self._slots[r] = new
             self.rows[self._row[r], : len(new)].copy_(torch.tensor(new, dtype=torch.int32), non_blocking=True)
         return changed
+
+    def check_rename_at(self, req_ids: list[int], positions: list[int], src: list[int]) -> None:
+        """ValueError unless request ``req_ids[i]`` is live and holds slot ``src[i]`` at position
+        ``positions[i]``, with no (request, position) pair twice."""
+        if not len(req_ids) == len(positions) == len(src):
+            raise ValueError(f"Expected as many requests, positions and slots, got {len(req_ids)}, {len(positions)}, {len(src)}")
+        if len(src) > 64 and self._all_at(req_ids, positions, src):
+            return  # else the loop below names the first bad one
+        seen = set()
+        for r, p, s in zip(req_ids, positions, src):
+            slots = self._slots.get(r)
+            if slots is None or not 0 <= p < len(slots) or slots[p] != s or (r, p) in seen:
+                held = None if slots is None or not 0 <= p < len(slots) else slots[p]
+                raise ValueError(f"Expected request {r} to hold slot {s} at position {p} (once), got {held}")
+            seen.add((r, p))
+
+    def _all_at(self, req_ids: list[int], positions: list[int], src: list[int]) -> bool:
+        """Whether each (request, position) holds its slot, with no pair twice (per request, in C)."""
+        reqs, pos, want = np.asarray(req_ids), np.asarray(positions), np.asarray(src)
+        order = np.argsort(reqs, kind="stable")
+        bounds = np.flatnonzero(np.diff(reqs[order])) + 1
+        for at in np.split(order, bounds):
+            r = int(reqs[at[0]])
+            slots, p = self._slots.get(r), pos[at]
+            if slots is None or p.min() < 0 or p.max() >= len(slots) or len(np.unique(p)) != len(p):
+                return False
+            if not np.array_equal(np.asarray(slots)[p] if len(p) > len(slots) // 8 else
+                                  np.fromiter((slots[i] for i in p.tolist()), np.int64, len(p)), want[at]):
+                return False
+        return True
+
+    def rename_at(self, req_ids: list[int], positions: list[int], src: list[int], dst: list[int]) -> None:
+        """Set position ``positions[i]`` of request ``req_ids[i]`` (holding ``src[i]``) to slot
+        ``dst[i]``, on the device (one indexed write) and in the host lists. Validated first
+        (``check_rename_at``): a bad call changes nothing. O(slots renamed)."""
+        self.check_rename_at(req_ids, positions, src)
+        if len(dst) != len(src):
+            raise ValueError(f"Expected as many destinations as sources, got {len(dst)} and {len(src)}")
+        if not dst:
+            return
+        rows = torch.tensor([self._row[r] for r in req_ids], dtype=torch.long)
+        cols = torch.tensor(positions, dtype=torch.long)
+        self.rows.index_put_((rows.to(self.device), cols.to(self.device)), torch.tensor(dst, dtype=torch.int32).to(self.device))
+        for r, p, d in zip(req_ids, positions, dst):
+            self._slots[r][p] = d
 
     def live_slots(self) -> int:
         return sum(len(s) for s in self._slots.values())

@@ -47,6 +47,9 @@ class Case:
     ``L_b >= T_b``). ``tree`` selects random draft trees (``False``: ``tree_mask=None``, causal);
     ``scattered`` selects slots drawn from ``torch.randperm`` of the pool (``False``: each
     request's slots are one contiguous range). ``sm_scale=None`` leaves the kernel's default.
+    ``fast_path``: the call is told each request's leading run of consecutive slots (the
+    contiguous fast path, ``fast_path_args``); with ``scattered`` the slots are then a
+    contiguous run of random length followed by scattered slots.
     """
 
     num_heads: int
@@ -62,6 +65,7 @@ class Case:
     mask_uint8: bool = False  # tree_mask as uint8 instead of bool
     sm_scale: float | None = PRODUCTION_SM_SCALE
     seed: int = 0
+    fast_path: bool = False  # the kernel told each request's leading contiguous run (kv_start, kv_contig)
 
     def __post_init__(self) -> None:
         if len(self.draft_lens) != len(self.context_lens) or not self.draft_lens:
@@ -88,7 +92,8 @@ class Case:
         """One line that names every field, e.g. ``B=2 H=16 T=[1,7] L=[17,4097] D=576/512 bf16 ...``."""
         scale = "default" if self.sm_scale is None else f"{self.sm_scale:.6g}"
         mask = ("tree-u8" if self.mask_uint8 else "tree") if self.tree else "causal"
-        layout = "scattered" if self.scattered else "contiguous"
+        layout = ("leading-run" if self.fast_path else "scattered") if self.scattered else "contiguous"
+        layout += "-fast" if self.fast_path else ""
         return (
             f"B={self.batch_size} H={self.num_heads} T={_join(self.draft_lens)} L={_join(self.context_lens)} "
             f"D={self.head_dim}/{self.v_head_dim} {self.dtype} {mask} {layout} {self.index_dtype} "
@@ -117,9 +122,12 @@ def build_inputs(case: Case, device: torch.device | str, pool_factor: float = 1.
     dtype = DTYPES[case.dtype]
 
     num_slots = math.ceil(pool_factor * case.total_kv) + 16
-    slots = _scattered_slots(case, num_slots, index_generator) if case.scattered else _contiguous_slots(
-        case, num_slots, structure_rng
-    )
+    if case.scattered and case.fast_path:
+        slots = _leading_run_slots(case, num_slots, index_generator, structure_rng)
+    elif case.scattered:
+        slots = _scattered_slots(case, num_slots, index_generator)
+    else:
+        slots = _contiguous_slots(case, num_slots, structure_rng)
     kv_cache = torch.randn(num_slots, case.head_dim, generator=data_generator, device=device, dtype=dtype)
     if case.kv_3d:
         kv_cache = kv_cache.view(num_slots, 1, case.head_dim)
@@ -211,7 +219,44 @@ def interpret_cases(seed: int = 0) -> list[Case]:
     return [_with_layout(spec, index, seed, rng) for index, spec in enumerate(specs)]
 
 
-PROFILES = {"full": full_cases, "interpret": interpret_cases}
+def fast_path_cases(seed: int, interpret: bool) -> list[Case]:
+    """Cases for the contiguous fast path, appended to each profile: every request one
+    contiguous range, or a contiguous run of random length then scattered slots; tree and
+    causal, both dtypes and index dtypes, ragged batches. Interpret: 8 tiny cases within that
+    profile's bounds; full: 16 at D=576 up to 70k keys."""
+    rng = random.Random(seed + 104729)
+    cases = []
+    for index in range(8 if interpret else 16):
+        if interpret:
+            head_dim, v_head_dim = INTERPRET_HEAD_DIMS[index % len(INTERPRET_HEAD_DIMS)]
+            heads = INTERPRET_HEADS[index % len(INTERPRET_HEADS)]
+            drafts = [rng.choice(INTERPRET_DRAFTS) for _ in range(rng.choice((1, 2, 3)))]
+            contexts = [rng.randint(t, INTERPRET_MAX_CONTEXT) for t in drafts]
+        else:
+            head_dim, v_head_dim = 576, 512
+            heads = FULL_HEADS[index % len(FULL_HEADS)]
+            drafts = [rng.choice(FULL_DRAFTS) for _ in range(rng.choice((1, 1, 2, 4)))]
+            contexts = [_log_uniform(rng, max(t, 64), 70_000) for t in drafts]
+        cases.append(Case(
+            num_heads=heads, draft_lens=tuple(drafts), context_lens=tuple(contexts), head_dim=head_dim,
+            v_head_dim=v_head_dim, dtype=("bf16", "fp16")[index % 2 if interpret else int(index % 4 == 3)],
+            tree=index % 3 != 2, scattered=index % 2 == 1, index_dtype="int64" if index % 4 == 2 else "int32",
+            seed=seed * 1_000_003 + 900_000 + index, fast_path=True,
+        ))
+    return cases
+
+
+def fast_path_args(inputs: dict) -> dict:
+    """``kv_start`` / ``kv_contig`` (host int64 [B]) of ``build_inputs``' slots: each request's
+    first slot and the length of its leading run of consecutive slots."""
+    from kernel.plan import contiguous_runs
+
+    kv_start, kv_contig = contiguous_runs(inputs["kv_indptr"].cpu().numpy(), inputs["kv_indices"].cpu().numpy())
+    return {"kv_start": kv_start, "kv_contig": kv_contig}
+
+
+PROFILES = {"full": lambda seed=0: full_cases(seed) + fast_path_cases(seed, interpret=False),
+            "interpret": lambda seed=0: interpret_cases(seed) + fast_path_cases(seed, interpret=True)}
 
 
 def _ragged_spec(rng: random.Random, batch_size: int, heads: int, max_context: int = FULL_MAX_CONTEXT) -> dict:
@@ -266,6 +311,28 @@ def _scattered_slots(case: Case, num_slots: int, generator: torch.Generator) -> 
     return torch.randperm(num_slots, generator=generator)[: case.total_kv]
 
 
+def _leading_run_slots(case: Case, num_slots: int, generator: torch.Generator, rng: random.Random) -> torch.Tensor:
+    """int64 ``[sum_b L_b]``: each request's first positions (a random count, 0 to L_b) one
+    contiguous range, the rest distinct random slots outside every range."""
+    runs = [rng.randint(0, length) for length in case.context_lens]
+    spans, cursor = [], 0
+    for run in runs:  # the runs side by side from a random offset, the rest of the pool shuffled
+        spans.append(cursor)
+        cursor += run + rng.randint(0, 3)
+    offset = rng.randint(0, max(0, num_slots - cursor))
+    taken = torch.zeros(num_slots, dtype=torch.bool)
+    for start, run in zip(spans, runs):
+        taken[offset + start : offset + start + run] = True
+    rest = torch.nonzero(~taken).flatten()
+    rest = rest[torch.randperm(rest.numel(), generator=generator)]
+    pieces, used = [], 0
+    for start, run, length in zip(spans, runs, case.context_lens):
+        pieces.append(torch.arange(offset + start, offset + start + run))
+        pieces.append(rest[used : used + length - run])
+        used += length - run
+    return torch.cat(pieces)
+
+
 def _contiguous_slots(case: Case, num_slots: int, rng: random.Random) -> torch.Tensor:
     """int64 ``[sum_b L_b]``: each request one contiguous range, ranges in random pool order with gaps."""
     spare = num_slots - case.total_kv
@@ -299,4 +366,5 @@ def _join(values: tuple[int, ...]) -> str:
     return "[" + ",".join(str(v) for v in values) + "]"
 
 
-__all__ = ["Case", "build_inputs", "full_cases", "interpret_cases", "random_parents", "PROFILES"]
+__all__ = ["Case", "build_inputs", "fast_path_args", "fast_path_cases", "full_cases", "interpret_cases", "random_parents",
+           "PROFILES"]

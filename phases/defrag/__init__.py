@@ -1,0 +1,1 @@
+"""Phase ``defrag``: the ``integrity`` (verify) and ``speed`` (benchmark) gates."""

@@ -1,0 +1,278 @@
+"""Applying a ``MovePlan`` to a ``KVPool``: rows on every layer, then the slot table and the
+allocator, a budget of moves at a time, possibly across engine steps.
+
+Decisions:
+- Destinations are reserved when the compaction starts (``SlotAllocator.reserve``): the free
+  slots the plan writes, and after each piece the slots it vacated that a later move writes.
+  Between steps the engine allocates only from what is left, so a plan stays valid across the
+  steps it spans; ``cancel`` (or the end) returns what was not used.
+- The plan is a hint, the pool's bookkeeping the truth: every move is checked against it just
+  before it runs (the request still holds that row at that position; the destination is
+  reserved, free, or vacated by the same piece). A move that fails the check (its request
+  finished since the plan) is dropped, and so are the moves that waited for it to vacate a slot.
+- A piece (``split_waves``) is atomic: rows are copied, then the slot table renamed, then the
+  allocator moved; an exception at any point undoes what was done, so the rows every request
+  owns, the table (host and device) and the allocator (free set and hand-out order) are as
+  before the piece. Pieces applied before it in the same call stay applied (a valid state).
+- Device copy: when no destination of a piece is one of its sources (nearly always), one Triton
+  launch copies each row straight from source to destination on every layer (no temporary:
+  bytes read + written = 2 x rows moved), and a failure cannot damage a live row (every
+  destination was free). When they overlap, the sources are gathered first
+  (``index_select``), then scattered (``index_copy_``), and restored from the gathered copy
+  if anything fails. On a CPU (no interpreter) both use torch.
+- Never under a live graph: ``step`` refuses to run while the current CUDA stream is capturing
+  (moves are host-driven and would be recorded, then replayed with stale slots).
+- ``faults`` (tests): a callable invoked at "copy", "table" and "allocator" inside a piece; raising
+  there exercises the undo.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from serving.defrag.planner import MovePlan, split_waves
+from serving.engine.kv_pool import KVPool
+
+ROW_WORDS_PER_PROGRAM = 4096  # 32-bit words one program copies per layer (16 KB)
+
+
+@triton.jit
+def _move_rows_kernel(KV, SRC, DST, n, stride_layer, stride_row,
+                      W_MAIN: tl.constexpr, W_TAIL: tl.constexpr, W: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Grid: (cdiv(n, BLOCK_R), layers). KV: words [layers, slots, W] (any strides); SRC, DST:
+    int64 [n]. Copies row SRC[i] to row DST[i] of the program's layer; rows are W words, read
+    as a power-of-two main part and a masked tail."""
+    i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = i < n
+    src = tl.load(SRC + i, mask=ok, other=0)
+    dst = tl.load(DST + i, mask=ok, other=0)
+    base = KV + tl.program_id(1).to(tl.int64) * stride_layer
+    cols = tl.arange(0, W_MAIN)
+    main = tl.load(base + src[:, None] * stride_row + cols[None, :], mask=ok[:, None], eviction_policy="evict_first")
+    if W_TAIL > 0:
+        tail_cols = W_MAIN + tl.arange(0, W_TAIL)
+        tail_ok = ok[:, None] & (tail_cols[None, :] < W)
+        tail = tl.load(base + src[:, None] * stride_row + tail_cols[None, :], mask=tail_ok, eviction_policy="evict_first")
+    tl.store(base + dst[:, None] * stride_row + cols[None, :], main, mask=ok[:, None], cache_modifier=".cs")
+    if W_TAIL > 0:
+        tl.store(base + dst[:, None] * stride_row + tail_cols[None, :], tail, mask=tail_ok, cache_modifier=".cs")
+
+
+def _words(kv: torch.Tensor) -> torch.Tensor:
+    """``kv`` [layers, slots, D] as 32-bit words (16-bit if a row is an odd number of halves)."""
+    row_bytes = kv.shape[-1] * kv.element_size()
+    word = torch.int32 if row_bytes % 4 == 0 else torch.int16 if row_bytes % 2 == 0 else torch.uint8
+    return kv.view(word)
+
+
+def copy_rows_direct(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``kv[:, dst] = kv[:, src]`` with one Triton launch, no temporary. kv: [layers, slots, D]
+    with unit last stride; src, dst: int64 [n] on kv's device, no destination among the sources."""
+    n = src.numel()
+    if n == 0:
+        return
+    words = _words(kv)
+    w = words.shape[-1]
+    w_main = 1 << (w.bit_length() - 1)
+    w_tail = 0 if w == w_main else max(16, 1 << (w - w_main - 1).bit_length())
+    block_r = max(1, min(64, ROW_WORDS_PER_PROGRAM // w_main))
+    _move_rows_kernel[(triton.cdiv(n, block_r), words.shape[0])](
+        words, src, dst, n, words.stride(0), words.stride(1),
+        W_MAIN=w_main, W_TAIL=w_tail, W=w, BLOCK_R=block_r, num_warps=4,
+    )
+
+
+@dataclass
+class ExecutorStats:
+    """Moves applied and dropped, pieces, bytes (read + written, every layer), host seconds."""
+
+    applied: int = 0
+    dropped: int = 0
+    pieces: int = 0
+    bytes: int = 0
+    host_s: float = 0.0
+
+
+class Compaction:
+    """One compaction: ``plan`` applied to ``pool`` by ``step`` calls (between engine steps).
+
+    copy: "triton" (one launch per piece, on CUDA or under Triton's interpreter), "torch"
+    (gather then scatter), or "auto" (triton on CUDA, torch on a CPU). events: record CUDA
+    events around each piece's device copy (``device_seconds``). faults: see the module docstring.
+    """
+
+    def __init__(self, pool: KVPool, plan: MovePlan, *, copy: str = "auto", events: bool = False,
+                 faults: Callable[[str], None] | None = None) -> None:
+        if copy not in ("auto", "triton", "torch"):
+            raise ValueError(f"Expected copy in ('auto', 'triton', 'torch'), got {copy!r}")
+        self.pool, self.plan = pool, plan
+        self.copy = ("triton" if pool.kv.is_cuda else "torch") if copy == "auto" else copy
+        self.faults = faults
+        self.stats = ExecutorStats()
+        self.next = 0
+        self._req, self._pos = plan.req.tolist(), plan.pos.tolist()
+        self._src, self._dst = plan.src.tolist(), plan.dst.tolist()
+        self._last_write = {}
+        for k, d in enumerate(self._dst):
+            self._last_write[d] = k
+        alloc = pool.allocator
+        reserve = plan.initially_free_destinations(alloc.free_mask()).tolist() if len(plan.dst) else []
+        self.reserved = set(reserve)
+        self._reserved_mask = np.zeros(pool.num_slots, dtype=bool)  # the same set, for vectorized checks
+        self._reserved_mask[reserve] = True
+        alloc.reserve(reserve)
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = [] if events and pool.kv.is_cuda else None
+        self.row_bytes = pool.kv.shape[0] * pool.kv.shape[2] * pool.kv.element_size()
+
+    @property
+    def done(self) -> bool:
+        return self.next >= len(self._src)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._src) - self.next
+
+    def step(self, max_moves: int | None = None) -> int:
+        """Apply the next ``max_moves`` moves (None: all); returns the moves applied. Releases
+        the leftover reservations when the plan is finished."""
+        if self.pool.kv.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("Expected compaction between steps, got a CUDA graph capture in progress")
+        t0 = time.perf_counter()
+        end = len(self._src) if max_moves is None else min(len(self._src), self.next + max(1, max_moves))
+        base, applied = self.next, 0
+        try:
+            for w0, w1 in split_waves(np.asarray(self._src[base:end]), np.asarray(self._dst[base:end])):
+                applied += self._apply(base + w0, base + w1)
+        finally:
+            self.stats.host_s += time.perf_counter() - t0
+        if self.done:
+            self.cancel()
+        return applied
+
+    def run(self, max_moves: int | None = None) -> int:
+        """Every remaining move, ``max_moves`` at a time."""
+        total = 0
+        while not self.done:
+            total += self.step(max_moves)
+        return total
+
+    def cancel(self) -> None:
+        """Stop here: return every slot still reserved to the pool."""
+        if self.reserved:
+            self.pool.allocator.free(sorted(self.reserved))
+            self.reserved.clear()
+            self._reserved_mask[:] = False
+        self.next = len(self._src)
+
+    def device_seconds(self) -> float:
+        """Device time of the pieces' copies so far (needs ``events=True`` on CUDA; synchronizes)."""
+        if not self._events:
+            return 0.0
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+
+    # ---- one piece -------------------------------------------------------------------
+
+    def _checked(self, k0: int, k1: int) -> list[int]:
+        """The moves of [k0, k1) still valid against the pool (see the module docstring)."""
+        table, alloc = self.pool.table, self.pool.allocator
+        keep = list(range(k0, k1))
+        if self._all_valid(k0, k1):
+            return keep
+        while True:
+            sources = {self._src[k] for k in keep}
+            ok = []
+            for k in keep:
+                r, p, s, d = self._req[k], self._pos[k], self._src[k], self._dst[k]
+                holds = r in table and p < table.length(r) and table.slots(r)[p] == s
+                if holds and (d in self.reserved or alloc.is_free(d) or d in sources):
+                    ok.append(k)
+            if len(ok) == len(keep):
+                return ok
+            keep = ok  # a dropped move no longer vacates its source: check again
+
+    def _all_valid(self, k0: int, k1: int) -> bool:
+        """Whether every move of [k0, k1) holds (vectorized; the usual case between steps):
+        its row is where the plan says, its destination reserved or vacated by the piece."""
+        table = self.pool.table
+        src, dst = self.plan.src[k0:k1], self.plan.dst[k0:k1]
+        try:
+            table.check_rename_at(self._req[k0:k1], self._pos[k0:k1], self._src[k0:k1])
+        except ValueError:
+            return False
+        return bool((self._reserved_mask[dst] | np.isin(dst, src)).all())
+
+    def _apply(self, k0: int, k1: int) -> int:
+        keep = self._checked(k0, k1)
+        self.stats.dropped += (k1 - k0) - len(keep)
+        if keep:
+            self._commit(keep)
+        self.next = k1
+        self.stats.applied += len(keep)
+        self.stats.pieces += bool(keep)
+        self.stats.bytes += 2 * len(keep) * self.row_bytes
+        return len(keep)
+
+    def _fault(self, where: str) -> None:
+        if self.faults is not None:
+            self.faults(where)
+
+    def _commit(self, keep: list[int]) -> None:
+        pool, table, alloc = self.pool, self.pool.table, self.pool.allocator
+        req = [self._req[k] for k in keep]
+        pos = [self._pos[k] for k in keep]
+        src = [self._src[k] for k in keep]
+        dst = [self._dst[k] for k in keep]
+        res = [d for d in dst if d in self.reserved]
+        device = pool.kv.device
+        src_t = torch.tensor(src, dtype=torch.int64).to(device, non_blocking=True)
+        dst_t = torch.tensor(dst, dtype=torch.int64).to(device, non_blocking=True)
+        overlap = not set(src).isdisjoint(dst)
+        gathered = None
+        stage = 0
+        try:
+            if self._events is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            if overlap:
+                gathered = pool.kv.index_select(1, src_t)  # [layers, n, D]: every source read first
+                pool.kv.index_copy_(1, dst_t, gathered)
+            elif self.copy == "triton":
+                copy_rows_direct(pool.kv, src_t, dst_t)
+            else:
+                pool.kv.index_copy_(1, dst_t, pool.kv.index_select(1, src_t))
+            if self._events is not None:
+                end.record()
+                self._events.append((start, end))
+            self._fault("copy")
+            table.rename_at(req, pos, src, dst)
+            stage = 1
+            self._fault("table")
+            alloc.free(res)
+            stage = 2
+            self._fault("allocator")
+            alloc.relocate(src, dst)
+            stage = 3
+        except BaseException:
+            if stage >= 2:
+                alloc.reserve(res)
+            if stage >= 1:
+                table.rename_at(req, pos, dst, src)
+            if gathered is not None:
+                pool.kv.index_copy_(1, src_t, gathered)  # sources a destination overwrote
+            raise
+        self.reserved.difference_update(res)
+        self._reserved_mask[res] = False
+        end_k = keep[-1]
+        later = sorted({s for s in src if self._last_write.get(s, -1) > end_k and alloc.is_free(s)})
+        if later:  # vacated now, written by a later move: keep the engine off it
+            alloc.reserve(later)
+            self.reserved.update(later)
+            self._reserved_mask[later] = True
