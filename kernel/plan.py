@@ -165,7 +165,14 @@ class PlanLayout:
     read these and let the extra programs exit), qo_indptr and kv_indptr [max_batch + 1],
     mask_offsets [max_batch], work_* [max_work], mb_* [max_row_blocks]. Entries past a plan's
     sizes are zero and never read.
+
+    Every view starts at a multiple of ``ALIGN`` elements (16 bytes), whatever the sizes: Triton
+    specializes a kernel on whether each pointer argument is 16-byte aligned, so views at offsets
+    that moved with the batch size would compile new kernel variants for new batch sizes (and a
+    warm-up could never cover them all).
     """
+
+    ALIGN = 4  # int32 elements: 16 bytes
 
     max_batch: int
     max_work: int
@@ -183,9 +190,17 @@ class PlanLayout:
         sizes.update(dict.fromkeys(ROW_BLOCK_ARRAYS, self.max_row_blocks))
         return sizes
 
+    def offsets(self) -> dict[str, int]:
+        """Start of each view (a multiple of ``ALIGN``)."""
+        offsets, offset = {}, 0
+        for name, size in self.sizes().items():
+            offsets[name] = offset
+            offset += -(-size // self.ALIGN) * self.ALIGN
+        return offsets
+
     @property
     def numel(self) -> int:
-        return sum(self.sizes().values())
+        return sum(-(-size // self.ALIGN) * self.ALIGN for size in self.sizes().values())
 
     def holds(self, plan: MLAVerifyPlan) -> bool:
         return (len(plan.qo_lens) <= self.max_batch and plan.num_work <= self.max_work
@@ -193,11 +208,8 @@ class PlanLayout:
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named int32 views of ``buffer`` (int32 [>= numel])."""
-        views, offset = {}, 0
-        for name, size in self.sizes().items():
-            views[name] = buffer[offset : offset + size]
-            offset += size
-        return views
+        offsets = self.offsets()
+        return {name: buffer[offsets[name] : offsets[name] + size] for name, size in self.sizes().items()}
 
     def pack(self, plan: MLAVerifyPlan, into: np.ndarray | None = None) -> np.ndarray:
         """``plan`` as an int32 [numel] array in this layout (zeros past its sizes), written
@@ -213,11 +225,9 @@ class PlanLayout:
         flat = np.zeros(self.numel, dtype=np.int32) if into is None else into[: self.numel]
         if into is not None:
             flat.fill(0)
-        offset = 0
-        for name, size in self.sizes().items():
+        for name, offset in self.offsets().items():
             value = values[name]
             flat[offset : offset + len(value)] = value
-            offset += size
         return flat
 
 

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numpy as np
+import pytest
 import torch
 
 from kernel.plan import HeadDims, PlanLayout, TileConfig, max_work_items, plan_work
@@ -97,3 +98,18 @@ def test_layout_pack_writes_every_array_at_its_offset_and_zeros_the_rest():
     assert views["work_kv_end"].tolist() == plan.work_kv_end.tolist() + [0, 0, 0]
     assert views["mb_stride"].tolist() == plan.mb_stride.tolist() + [0, 0]
     assert (layout.pack(plan) == packed).all()
+
+
+@pytest.mark.parametrize("max_batch,max_work,max_row_blocks", [(1, 1, 1), (5, 131, 7), (64, 196, 130), (3, 2, 6)])
+def test_every_layout_view_starts_16_byte_aligned(max_batch, max_work, max_row_blocks):
+    """Kernels specialize on 16-byte pointer alignment: views at offsets that move with the sizes
+    would compile new variants per batch size (and defeat a warm-up)."""
+    layout = PlanLayout(max_batch, max_work, max_row_blocks)
+    buffer = torch.zeros(layout.numel, dtype=torch.int32)
+    views = layout.views(buffer)
+    assert all((view.data_ptr() - buffer.data_ptr()) % 16 == 0 for view in views.values())
+    assert {name: view.numel() for name, view in views.items()} == layout.sizes()
+    spans = sorted(((v.data_ptr() - buffer.data_ptr()) // 4, v.numel()) for v in views.values())
+    assert all(start + size <= following for (start, size), (following, _) in zip(spans, spans[1:]))  # disjoint
+    end = spans[-1][0] + spans[-1][1]
+    assert end <= layout.numel < end + PlanLayout.ALIGN
