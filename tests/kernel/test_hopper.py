@@ -42,7 +42,7 @@ _COMPILE = """
 import json, sys
 from kernel import hopper
 out = []
-for v in (hopper.DEFAULT_VARIANT, hopper.KEYS_AS_M_VARIANT):
+for v in (*hopper.VARIANTS, *hopper.CANDIDATES):
     for causal in (False, True):
         stats = hopper.resource_stats(hopper.compile_for_sm90(causal, v))
         out.append(dict(stats, variant=v.describe(), causal=causal))
@@ -63,7 +63,8 @@ def sm90_stats():
 @needs_gluon
 @pytest.mark.skipif(not _ptxas_available(), reason="Triton's bundled ptxas is missing")
 def test_compiles_for_sm90_without_spills(sm90_stats):
-    assert len(sm90_stats) == 4
+    """Every dispatched variant and every candidate under measurement, tree and causal."""
+    assert len(sm90_stats) == 2 * (len(hopper.VARIANTS) + len(hopper.CANDIDATES))
     for stats in sm90_stats:
         assert stats["n_spills"] == 0, stats
         assert 0 < stats["shared_bytes"] <= SHARED_LIMIT, stats
@@ -178,10 +179,14 @@ CASES = [
 ]
 
 
+VARIANT_PARAMS = [pytest.param(None, id="chosen"), pytest.param(hopper.DEFAULT_VARIANT, id="two_warpgroups"),
+                  *[pytest.param(v, id=v.describe()) for v in hopper.CANDIDATES]]
+
+
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", [None, hopper.DEFAULT_VARIANT], ids=["chosen", "two_warpgroups"])
+@pytest.mark.parametrize("variant", VARIANT_PARAMS)
 @pytest.mark.parametrize("draft_lens,kv_lens,num_heads,tree", CASES)
 def test_matches_float64_reference(draft_lens, kv_lens, num_heads, tree, variant):
     q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs(draft_lens, kv_lens, num_heads, tree, seed=sum(kv_lens))
@@ -360,10 +365,11 @@ SMALL_ROW_CASES = [
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", [None, hopper.DEFAULT_VARIANT], ids=["chosen", "two_warpgroups"])
+@pytest.mark.parametrize("variant", VARIANT_PARAMS)
 @pytest.mark.parametrize("num_heads,draft,tree,prefix", SMALL_ROW_CASES)
 def test_small_row_plans_with_drafts_off_the_prefix(num_heads, draft, tree, prefix, variant):
-    """Up to 16 packed rows, T >= 2 (keys-as-M when chosen), against float64, NaN-poisoned out."""
+    """Up to 16 packed rows, T >= 2 (keys-as-M when chosen; every 64-row variant too), against
+    float64, NaN-poisoned out."""
     q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _tree_inputs([draft], [prefix], num_heads, tree,
                                                                         seed=prefix + draft, device="cuda")
     scale = 1.0 / math.sqrt(192)
