@@ -190,15 +190,17 @@ def supported_inputs(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = 
 
 
 def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int,
-              variant: Variant | None = None) -> MLAVerifyPlan:
+              variant: Variant | None = None, schedule: str = "uniform") -> MLAVerifyPlan:
     """``kernel.plan.plan_work`` with the tile configuration of ``variant`` (None: ``choose_variant``).
 
     The work decomposition is the Triton path's: work items over (request, row block, key
-    range), a combine kernel merging the splits of every row block that has more than one.
+    range), a combine kernel merging the splits of every row block that has more than one;
+    ``schedule`` as ``plan_work``'s ("uniform" or "balanced").
     """
     if variant is None:
         variant = choose_variant(max(qo_lens, default=1) * num_heads)
-    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
+    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant),
+                     schedule=schedule)
 
 
 def plan_tensors(plan: MLAVerifyPlan, device: torch.device | str) -> dict[str, torch.Tensor]:
