@@ -457,3 +457,17 @@ def test_planted_first_draft_bug_applies_to_a_copy_and_compiles(tmp_path):
                          timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert Path(run.stdout.strip().splitlines()[-1]).resolve() == (tmp_path / "copy" / bug.path).resolve()
+
+
+def test_hopper_check_names_variants_candidates_and_schedules(monkeypatch):
+    """$VARIANTS picks dispatched variants and candidates by name; NAME@balanced plans with the balanced
+    schedule; unknown names are dropped (the check script times each name next to the others)."""
+    from phases.kernel.bench import hopper_check
+
+    monkeypatch.delenv("VARIANTS", raising=False)
+    assert hopper_check.variants() == [v.describe() for v in hopper.VARIANTS]
+    names = ["BN64_S2", "BN64_S2@balanced", *[v.describe() for v in hopper.CANDIDATES], "no_such_variant"]
+    monkeypatch.setenv("VARIANTS", ",".join(names))
+    assert hopper_check.variants() == names[:-1]
+    assert hopper_check.resolve("BN64_S2@balanced") == (hopper.DEFAULT_VARIANT, "balanced")
+    assert [hopper_check.resolve(n)[0] for n in names[2:-1]] == list(hopper.CANDIDATES)
