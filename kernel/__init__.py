@@ -2,10 +2,12 @@
 
 Public API: :func:`mla_verify_attention` (one call), :class:`MLAVerifyWrapper` (plan once,
 run per layer), :func:`compile_stats` (resources per compiled
-configuration) and the naive oracle in :mod:`kernel.reference`.
+configuration), :func:`warmup` (compile every variant a plan can dispatch, before serving)
+and the naive oracle in :mod:`kernel.reference`.
 """
 
 from kernel.mla_verify import MLAVerifyWrapper, compile_stats, mla_verify_attention
 from kernel.plan import TileConfig
+from kernel.precompile import WarmupReport, warmup
 
-__all__ = ["mla_verify_attention", "MLAVerifyWrapper", "compile_stats", "TileConfig"]
+__all__ = ["mla_verify_attention", "MLAVerifyWrapper", "compile_stats", "TileConfig", "warmup", "WarmupReport"]

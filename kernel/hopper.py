@@ -24,6 +24,11 @@ Two split kernels, both warp-specialized around the same producer:
   the wgmma M dimension (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ), a quarter of the padded tensor work of the
   64-row tile; chosen for up to 16 rows (``choose_variant``).
 
+A candidate under measurement (``CANDIDATES``, timed by ``phases/kernel/bench/hopper_check.py``,
+not dispatched): ``_mla_verify_hopper_seesaw_kernel`` (``kernel/hopper_seesaw.py``), FlashMLA's
+organisation of 64 rows: no producer partition, each warpgroup the scores of its own tiles and half
+the output columns, P exchanged through shared memory.
+
 This module is the host side: ``available``, ``supported``, ``choose_variant``, ``make_plan``,
 ``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``;
 ``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
@@ -46,6 +51,7 @@ from kernel.triton_kernels import launch_combine
 
 try:  # Gluon ships with Triton >= 3.5; keep this module importable without it.
     from kernel.hopper_gluon import _mla_verify_hopper_keys_as_m_kernel, _mla_verify_hopper_split_kernel
+    from kernel.hopper_seesaw import _mla_verify_hopper_seesaw_kernel
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
@@ -62,6 +68,7 @@ STAGES = 2  # tiles in the shared ring (a third 72 KB stage does not fit next to
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 CONSUMER_WARPS = 8
+SEESAW_CONSUMER_REGS = 256  # the seesaw kernel's second warpgroup (a worker partition; no producer partition)
 # Combine shapes (splits merged per load, output columns per program), both measured on an H200
 # (phases/kernel/NOTES.md): with many splits per row (B=1 memory-bound rows: ~128) the merge is
 # latency-bound, and taking every split in one load over 32 columns per program halves it
@@ -77,19 +84,24 @@ MIN_CHUNK = 128  # keys per split at least: two 64-key tiles, so a 16k context f
 @dataclass(frozen=True)
 class Variant:
     """Compile-time shape of the split kernel: ``keys_as_m`` selects the one-warpgroup keys-as-M
-    consumer for ``block_m`` packed rows (16 measured), else the two-warpgroup 64-row kernel. Both
-    read ``BLOCK_N``-key tiles through a ``STAGES``-deep ring."""
+    consumer for ``block_m`` packed rows (16 measured), ``seesaw`` the FlashMLA organisation of 64
+    rows (``kernel/hopper_seesaw.py``: each warpgroup its own tiles, half the output columns), else
+    the two-warpgroup 64-row kernel. All read ``BLOCK_N``-key tiles through a ``STAGES``-deep ring."""
 
     keys_as_m: bool = False
     block_m: int = BLOCK_M
+    seesaw: bool = False
 
     def describe(self) -> str:
         name = f"BN{BLOCK_N}_S{STAGES}"
+        if self.seesaw:
+            return "seesaw_" + name
         return f"kM{self.block_m}_" + name if self.keys_as_m else name
 
     @property
     def num_warps(self) -> int:
-        return 4 if self.keys_as_m else CONSUMER_WARPS
+        """Warps of the default partition (the launch's ``num_warps``)."""
+        return 4 if self.keys_as_m or self.seesaw else CONSUMER_WARPS
 
 
 DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
@@ -99,7 +111,8 @@ KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys a
 VARIANTS = (DEFAULT_VARIANT, KEYS_AS_M_VARIANT)
 # Variants under measurement, timed next to VARIANTS by hopper_check ($VARIANTS names them); empty
 # between experiments: a variant that lost leaves the source and its numbers stay in the notes.
-CANDIDATES: tuple[Variant, ...] = ()
+SEESAW_VARIANT = Variant(seesaw=True)  # FlashMLA's two-warpgroup seesaw for 64-row tiles (under measurement)
+CANDIDATES: tuple[Variant, ...] = (SEESAW_VARIANT,)
 
 
 def choose_variant(max_rows: int) -> Variant:
@@ -130,12 +143,17 @@ def variant_of(config: TileConfig) -> Variant:
 
 
 def _split_constexprs(variant: Variant) -> dict:
-    return dict(BLOCK_M=variant.block_m, BLOCK_N=BLOCK_N, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
-                STAGES=STAGES, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                NUM_WARPS=variant.num_warps)
+    constexprs = dict(BLOCK_M=variant.block_m, BLOCK_N=BLOCK_N, D_MAIN=D_MAIN, D_TAIL=D_TAIL, DV=V_HEAD_DIM,
+                      STAGES=STAGES, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                      NUM_WARPS=variant.num_warps)
+    if variant.seesaw:
+        constexprs["CONSUMER_REGS"] = SEESAW_CONSUMER_REGS
+    return constexprs
 
 
 def _split_kernel(variant: Variant):
+    if variant.seesaw:
+        return _mla_verify_hopper_seesaw_kernel
     return _mla_verify_hopper_keys_as_m_kernel if variant.keys_as_m else _mla_verify_hopper_split_kernel
 
 
@@ -174,15 +192,17 @@ def supported_inputs(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = 
 
 
 def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int,
-              variant: Variant | None = None) -> MLAVerifyPlan:
+              variant: Variant | None = None, schedule: str = "uniform") -> MLAVerifyPlan:
     """``kernel.plan.plan_work`` with the tile configuration of ``variant`` (None: ``choose_variant``).
 
     The work decomposition is the Triton path's: work items over (request, row block, key
-    range), a combine kernel merging the splits of every row block that has more than one.
+    range), a combine kernel merging the splits of every row block that has more than one;
+    ``schedule`` as ``plan_work``'s ("uniform" or "balanced").
     """
     if variant is None:
         variant = choose_variant(max(qo_lens, default=1) * num_heads)
-    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant))
+    return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant),
+                     schedule=schedule)
 
 
 def plan_tensors(plan: MLAVerifyPlan, device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -260,6 +280,9 @@ def run_split_and_combine(
     if layout.max_work == 0:
         return
     bm = cfg.block_m
+    if variant.seesaw and (plan.chunk // (2 * BLOCK_N) + 1) * plan.num_heads >= 1 << 30:
+        raise ValueError(f"Expected tile pairs per split x heads < 2**30 for {variant.describe()} (hopper_seesaw._q_view), "
+                         f"got a chunk of {plan.chunk} keys and {plan.num_heads} heads")
     kv = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv  # [slots, 576]
     if not checked:
         _check_launch(plan, q, kv, kv_indices, out, partial_o, partial_lse, bm)

@@ -107,11 +107,13 @@ def make_plan(
     device: torch.device,
     config: TileConfig | None = None,
     hopper_tiles: bool = False,
+    schedule: str = "uniform",
 ) -> MLAVerifyPlan:
     """Plan a call from int32 [B+1] ``qo_indptr`` / ``kv_indptr`` (read on the host: one sync).
 
     config None: the Triton path's default for the batch, or with ``hopper_tiles`` the tile
-    configuration of the Hopper variant ``hopper.choose_variant`` picks."""
+    configuration of the Hopper variant ``hopper.choose_variant`` picks. schedule: how the keys
+    are split over programs (``kernel.plan.plan_work``: "uniform" or "balanced")."""
     check_dims(head_dim, v_head_dim)
     qo, kv = host_lists(qo_indptr, kv_indptr)
     if qo[0] != 0:
@@ -126,7 +128,7 @@ def make_plan(
             config = hopper.tile_config(_num_sms(device), hopper.choose_variant(max_rows))
         else:
             config = default_tile_config(max_rows, dims, _num_sms(device), interpreting())
-    return plan_work(qo_lens, kv_lens, num_heads, dims, config)
+    return plan_work(qo_lens, kv_lens, num_heads, dims, config, schedule=schedule)
 
 
 def host_lists(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -366,13 +368,17 @@ class MLAVerifyWrapper:
         dtype: torch.dtype = torch.bfloat16,
         kv_start=None,
         kv_contig=None,
+        schedule: str = "uniform",
     ) -> MLAVerifyPlan:
         """Decide the work decomposition of a batch and copy it to the device.
 
         qo_indptr, kv_indptr: int32 [B+1], read on the host (one sync); they are not kept.
         dtype: q's dtype. config: tile configuration (None: the default for the batch, or the
-        workspace's under ``use_cuda_graph``). Allocates a workspace if the wrapper owns one and
-        it is too small; raises ``ValueError`` if a caller's workspace is too small.
+        workspace's under ``use_cuda_graph``). schedule: "uniform" (one chunk length for every
+        request) or "balanced" (the batch's work divided evenly over the SMs, a request split
+        only where it is long; ``kernel.plan.plan_work``); both fit the same workspace bounds.
+        Allocates a workspace if the wrapper owns one and it is too small; raises ``ValueError``
+        if a caller's workspace is too small.
         kv_start, kv_contig: host int [B], the contiguous fast path (``kernel.plan.with_contiguity``):
         request b's first kv_contig[b] keys (default: its prefix) sit at slots kv_start[b] +
         position (-1: none) and are read without index loads; kv_indices must still name them.
@@ -388,7 +394,7 @@ class MLAVerifyWrapper:
         if path == "triton" and config is not None:
             config = triton_config_for(config)  # a graph workspace sized for the Hopper path, fp16 q
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config,
-                         hopper_tiles=path == "hopper")
+                         hopper_tiles=path == "hopper", schedule=schedule)
         if kv_start is not None:
             with_contiguity(plan, kv_start, kv_contig)
         if self._workspace is None or not self._workspace.fits(plan):

@@ -169,7 +169,14 @@ class PlanLayout:
     read these and let the extra programs exit), qo_indptr and kv_indptr [max_batch + 1],
     mask_offsets [max_batch], work_* [max_work], mb_* [max_row_blocks]. Entries past a plan's
     sizes are zero and never read.
+
+    Every view starts at a multiple of ``ALIGN`` elements (16 bytes), whatever the sizes: Triton
+    specializes a kernel on whether each pointer argument is 16-byte aligned, so views at offsets
+    that moved with the batch size would compile new kernel variants for new batch sizes (and a
+    warm-up could never cover them all).
     """
+
+    ALIGN = 4  # int32 elements: 16 bytes
 
     max_batch: int
     max_work: int
@@ -188,9 +195,17 @@ class PlanLayout:
         sizes.update(kv_start=self.max_batch, kv_contig=self.max_batch)  # zeros: no contiguous keys
         return sizes
 
+    def offsets(self) -> dict[str, int]:
+        """Start of each view (a multiple of ``ALIGN``)."""
+        offsets, offset = {}, 0
+        for name, size in self.sizes().items():
+            offsets[name] = offset
+            offset += -(-size // self.ALIGN) * self.ALIGN
+        return offsets
+
     @property
     def numel(self) -> int:
-        return sum(self.sizes().values())
+        return sum(-(-size // self.ALIGN) * self.ALIGN for size in self.sizes().values())
 
     def holds(self, plan: MLAVerifyPlan) -> bool:
         return (len(plan.qo_lens) <= self.max_batch and plan.num_work <= self.max_work
@@ -198,11 +213,8 @@ class PlanLayout:
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named int32 views of ``buffer`` (int32 [>= numel])."""
-        views, offset = {}, 0
-        for name, size in self.sizes().items():
-            views[name] = buffer[offset : offset + size]
-            offset += size
-        return views
+        offsets = self.offsets()
+        return {name: buffer[offsets[name] : offsets[name] + size] for name, size in self.sizes().items()}
 
     def pack(self, plan: MLAVerifyPlan, into: np.ndarray | None = None) -> np.ndarray:
         """``plan`` as an int32 [numel] array in this layout (zeros past its sizes), written
@@ -220,11 +232,9 @@ class PlanLayout:
         flat = np.zeros(self.numel, dtype=np.int32) if into is None else into[: self.numel]
         if into is not None:
             flat.fill(0)
-        offset = 0
-        for name, size in self.sizes().items():
+        for name, offset in self.offsets().items():
             value = values[name]
             flat[offset : offset + len(value)] = value
-            offset += size
         return flat
 
 
@@ -249,14 +259,29 @@ def max_work_items(batch: int, max_draft: int, num_heads: int, config: TileConfi
     return config.target_programs + max_row_blocks(batch, max_draft, num_heads, config)
 
 
-def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: HeadDims, config: TileConfig) -> MLAVerifyPlan:
+SCHEDULES = ("uniform", "balanced")
+
+
+def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: HeadDims, config: TileConfig,
+              schedule: str = "uniform") -> MLAVerifyPlan:
     """Split every request's KV range into chunks so about ``config.target_programs`` programs run.
 
-    One chunk length (a multiple of block_n) is used for all requests, so long requests get
-    more splits and the programs do similar amounts of work. Request b's work items are
-    ``nsplit_b * mblocks_b`` consecutive entries, split-major: split s of M-block m is item
-    ``first_b + s * mblocks_b + m``. Vectorized with numpy: the plan is on every call's host path.
+    ``schedule="uniform"`` (the default): one chunk length (a multiple of block_n, at least
+    ``min_chunk``) for all requests, so long requests get more splits; a request's last split
+    is whatever is left (it can be one tile). ``schedule="balanced"``: the batch's work W =
+    sum_b mblocks_b * L_b divided evenly over the ``target_programs`` SMs, each request split into
+    round(L_b / share) pieces of equal length (share = W / target_programs; at least one, and no
+    piece shorter than ``min_chunk`` or one tile), so a request is split only where it holds
+    more than about 1.5 shares and no split is a leftover sliver (FlashMLA's
+    ``get_mla_metadata`` divides the work the same way over persistent programs; here each piece
+    is its own program). Both keep ``max_work_items``' bound.
+
+    Request b's work items are ``nsplit_b * mblocks_b`` consecutive entries, split-major: split s
+    of M-block m is item ``first_b + s * mblocks_b + m``. Vectorized with numpy: the plan is on
+    every call's host path. ``plan.chunk`` is the longest chunk.
     """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"Expected schedule in {SCHEDULES}, got {schedule!r}")
     qo_lens, kv_lens = list(qo_lens), list(kv_lens)
     plan = MLAVerifyPlan(config, dims, num_heads, qo_lens, kv_lens)
     t = np.asarray(qo_lens, dtype=np.int64)
@@ -264,20 +289,34 @@ def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: Head
     bm, bn = config.block_m, config.block_n
     mblocks = -(-t * num_heads // bm)
     tile_work = int((mblocks * l).sum())
-    chunk = max(config.min_chunk, -(-tile_work // max(1, config.target_programs)))
-    chunk = -(-chunk // bn) * bn
-    plan.chunk = chunk
+    programs = max(1, config.target_programs)
+    tiles = -(-l // bn)
+    if schedule == "uniform":
+        chunk = max(config.min_chunk, -(-tile_work // programs))
+        chunk = -(-chunk // bn) * bn
+        nsplit = -(-l // chunk)
+        plan.chunk = chunk
+    else:
+        share = max(1.0, tile_work / programs)  # keys per program, per row block
+        nsplit = np.clip(np.rint(l / share).astype(np.int64), 1, None)
+        nsplit = np.minimum(nsplit, np.maximum(1, l // max(config.min_chunk, bn)))  # pieces of >= min_chunk
+        plan.chunk = int((-(-tiles // nsplit)).max() * bn) if len(l) else 0
     plan.mask_offsets = _exclusive_sums(t * t)[:-1]
-    nsplit = -(-l // chunk)
     works = nsplit * mblocks
     first = _exclusive_sums(works)
     requests = np.arange(len(t), dtype=np.int64)
     req = np.repeat(requests, works)
     local = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][req]
     nm = mblocks[req]
-    start = local // nm * chunk
+    split = local // nm
     length = l[req]
-    end = np.minimum(length, start + chunk)
+    if schedule == "uniform":
+        start = split * plan.chunk
+        end = np.minimum(length, start + plan.chunk)
+    else:  # split s: tiles [s * tiles / n, (s + 1) * tiles / n), so pieces differ by at most one tile
+        n, tiles_r = nsplit[req], tiles[req]
+        start = split * tiles_r // n * bn
+        end = np.minimum(length, (split + 1) * tiles_r // n * bn)
     plan.work_req, plan.work_mblk = req, local % nm
     plan.work_kv_start, plan.work_kv_end = start, end
     plan.work_full_end = start + np.maximum(0, np.minimum(end, length - t[req]) - start) // bn * bn

@@ -42,7 +42,7 @@ _COMPILE = """
 import json, sys
 from kernel import hopper
 out = []
-for v in (hopper.DEFAULT_VARIANT, hopper.KEYS_AS_M_VARIANT):
+for v in (*hopper.VARIANTS, *hopper.CANDIDATES):
     for causal in (False, True):
         stats = hopper.resource_stats(hopper.compile_for_sm90(causal, v))
         out.append(dict(stats, variant=v.describe(), causal=causal))
@@ -63,7 +63,8 @@ def sm90_stats():
 @needs_gluon
 @pytest.mark.skipif(not _ptxas_available(), reason="Triton's bundled ptxas is missing")
 def test_compiles_for_sm90_without_spills(sm90_stats):
-    assert len(sm90_stats) == 4
+    """Every dispatched variant and every candidate under measurement, tree and causal."""
+    assert len(sm90_stats) == 2 * (len(hopper.VARIANTS) + len(hopper.CANDIDATES))
     for stats in sm90_stats:
         assert stats["n_spills"] == 0, stats
         assert 0 < stats["shared_bytes"] <= SHARED_LIMIT, stats
@@ -151,16 +152,16 @@ def test_triton_config_for_a_hopper_plan_keeps_its_decomposition():
 # ----------------------------------------------------------------------------------------------
 
 
-def _inputs(draft_lens, kv_lens, num_heads, tree, seed):
+def _inputs(draft_lens, kv_lens, num_heads, tree, seed, device="cuda"):
     gen = torch.Generator().manual_seed(seed)
     n, total = sum(draft_lens), sum(kv_lens)
     pool = total + 97
-    q = (torch.randn(n, num_heads, 576, generator=gen) * 0.5).to(torch.bfloat16).cuda()
-    kv = torch.randn(pool, 576, generator=gen).to(torch.bfloat16).cuda()
-    kv_indices = torch.randperm(pool, generator=gen)[:total].to(torch.int32).cuda()
-    qo_indptr = torch.tensor([0, *torch.tensor(draft_lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
-    kv_indptr = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
-    masks = [random_tree(t, gen).cuda() for t in draft_lens] if tree else None
+    q = (torch.randn(n, num_heads, 576, generator=gen) * 0.5).to(torch.bfloat16).to(device)
+    kv = torch.randn(pool, 576, generator=gen).to(torch.bfloat16).to(device)
+    kv_indices = torch.randperm(pool, generator=gen)[:total].to(torch.int32).to(device)
+    qo_indptr = torch.tensor([0, *torch.tensor(draft_lens).cumsum(0).tolist()], dtype=torch.int32).to(device)
+    kv_indptr = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32).to(device)
+    masks = [random_tree(t, gen).to(device) for t in draft_lens] if tree else None
     flat = torch.cat([m.flatten() for m in masks]) if tree else None
     return q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat
 
@@ -178,10 +179,14 @@ CASES = [
 ]
 
 
+VARIANT_PARAMS = [pytest.param(None, id="chosen"), pytest.param(hopper.DEFAULT_VARIANT, id="two_warpgroups"),
+                  *[pytest.param(v, id=v.describe()) for v in hopper.CANDIDATES]]
+
+
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", [None, hopper.DEFAULT_VARIANT], ids=["chosen", "two_warpgroups"])
+@pytest.mark.parametrize("variant", VARIANT_PARAMS)
 @pytest.mark.parametrize("draft_lens,kv_lens,num_heads,tree", CASES)
 def test_matches_float64_reference(draft_lens, kv_lens, num_heads, tree, variant):
     q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs(draft_lens, kv_lens, num_heads, tree, seed=sum(kv_lens))
@@ -310,3 +315,159 @@ def test_hopper_combine_merges_random_partials_in_both_shapes(draft, context, he
         got = out.reshape(draft * heads, 512).double()
         assert not torch.isnan(got).any()
         assert ((got - want).abs().max() / want.abs().max()).item() < 1e-2, shape
+
+
+# ----------------------------------------------------------------------------------------------
+# Few packed rows with several drafts, and trees whose drafts hang off the prefix
+# ----------------------------------------------------------------------------------------------
+# The cases above send only T=1 batches to the keys-as-M kernel (<= 16 packed rows): a bug that made
+# the first draft visible to every draft passed them and failed 2 of the verify gate's 146 Hopper
+# cases. These cover up to 16 packed rows with T >= 2 (so every row block mixes drafts), trees whose
+# drafts are children of the prefix (siblings must not see each other), and short prefixes, where
+# one wrongly visible key moves the output by O(1) instead of O(1 / context).
+# tests/kernel/planted_bugs.py plants that bug in a copy of the tree (phases/kernel/NOTES.md).
+
+SMALL_ROW_SHAPES = [(8, 2), (4, 4), (1, 16), (2, 8)]  # (H, T): 16 packed rows each
+PREFIXES = [0, 5, 130, 4000]  # keys before the drafts: none, inside the first tile, past a split, many splits
+
+
+def _parents(tree: str, t: int, seed: int) -> list[int]:
+    """Draft parents of a ``tree`` kind (-1: a child of the prefix, i.e. of the last accepted token)."""
+    import random
+
+    if tree == "siblings":  # every draft hangs off the prefix: each sees only itself
+        return [-1] * t
+    if tree == "two_roots":  # two drafts off the prefix, the rest alternate under them
+        return [-1, -1, *[i % 2 for i in range(2, t)]][:t]
+    rng = random.Random(seed)
+    return [rng.randint(-1, i - 1) for i in range(t)]
+
+
+def _tree_inputs(draft_lens, prefix_lens, num_heads, tree, seed, device):
+    """Inputs with ``tree``-kind masks (None: causal), each request's context = its prefix + drafts.
+    Returns (q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat_mask)."""
+    from kernel.reference import tree_mask_from_parents
+
+    kv_lens = [p + t for p, t in zip(prefix_lens, draft_lens)]
+    q, kv, qo_indptr, kv_indptr, kv_indices, _, _ = _inputs(draft_lens, kv_lens, num_heads, False, seed, device)
+    if tree == "causal":
+        return q, kv, qo_indptr, kv_indptr, kv_indices, None, None
+    masks = [tree_mask_from_parents(_parents(tree, t, seed + b)).to(device) for b, t in enumerate(draft_lens)]
+    return q, kv, qo_indptr, kv_indptr, kv_indices, masks, torch.cat([m.flatten() for m in masks])
+
+
+SMALL_ROW_CASES = [
+    pytest.param(h, t, tree, prefix, id=f"H{h}_T{t}_{tree}_prefix{prefix}")
+    for h, t in SMALL_ROW_SHAPES for tree in ("siblings", "two_roots", "random", "causal") for prefix in PREFIXES
+]
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("variant", VARIANT_PARAMS)
+@pytest.mark.parametrize("num_heads,draft,tree,prefix", SMALL_ROW_CASES)
+def test_small_row_plans_with_drafts_off_the_prefix(num_heads, draft, tree, prefix, variant):
+    """Up to 16 packed rows, T >= 2 (keys-as-M when chosen; every 64-row variant too), against
+    float64, NaN-poisoned out."""
+    q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _tree_inputs([draft], [prefix], num_heads, tree,
+                                                                        seed=prefix + draft, device="cuda")
+    scale = 1.0 / math.sqrt(192)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    plan = hopper.make_plan([draft], [prefix + draft], num_heads, sms, variant)
+    assert plan.config.keys_as_m == (variant is None)
+    tensors = hopper.plan_tensors(plan, q.device)
+    partial_o, partial_lse = hopper.allocate_workspace(plan.num_work, q.device)
+    _check_guarded_twice(
+        lambda out: hopper.run_split_and_combine(plan, tensors, q, kv, qo_indptr, kv_indptr, kv_indices, flat, scale,
+                                                 out, partial_o, partial_lse, variant=variant),
+        q.shape[0], num_heads, reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512),
+    )
+
+
+RAGGED_SMALL_ROWS = [  # (H, T_b, prefix_b): every request <= 16 packed rows, mixed T, short and long prefixes
+    (2, [8, 1, 5, 2], [0, 300, 7, 4000]),
+    (4, [4, 4, 1, 3], [3, 0, 129, 64]),
+    (1, [16, 9, 2], [61, 0, 1000]),
+    (16, [1, 1, 1], [0, 5, 20000]),
+]
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph_workspace"])
+@pytest.mark.parametrize("tree", ["siblings", "two_roots", "random", "causal"])
+@pytest.mark.parametrize("num_heads,drafts,prefixes", RAGGED_SMALL_ROWS)
+def test_small_row_ragged_batches_through_the_wrapper(num_heads, drafts, prefixes, tree, graph):
+    """The public dispatch (MLAVerifyWrapper(backend="hopper"), as the verify gate calls it) on
+    ragged batches of <= 16 packed rows per request, eager and with a CUDA-graph workspace (fixed
+    grids); float64 reference, NaN-poisoned out inside a NaN buffer, bitwise rerun."""
+    from kernel import MLAVerifyWrapper
+
+    q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _tree_inputs(drafts, prefixes, num_heads, tree,
+                                                                        seed=sum(prefixes), device="cuda")
+    scale = 1.0 / math.sqrt(192)
+    if graph:
+        workspace = MLAVerifyWrapper("cuda", backend="hopper").allocate_workspace(
+            max_batch=len(drafts) + 1, max_draft=max(drafts), num_heads=num_heads, use_cuda_graph=True)
+        wrapper = MLAVerifyWrapper("cuda", workspace=workspace, use_cuda_graph=True, backend="hopper")
+    else:
+        wrapper = MLAVerifyWrapper("cuda", backend="hopper")
+    plan = wrapper.plan(qo_indptr.cpu(), kv_indptr.cpu(), num_heads)
+    assert plan.config.keys_as_m and wrapper.path == "hopper"
+    _check_guarded_twice(lambda out: wrapper.run(q, kv, kv_indices, flat, scale, out), q.shape[0], num_heads,
+                         reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512))
+    assert wrapper.last_path == "hopper"
+
+
+@pytest.mark.parametrize("num_heads,draft", SMALL_ROW_SHAPES)
+def test_small_row_cases_would_catch_a_first_draft_always_visible(num_heads, draft):
+    """The GPU cases above can fail: with draft 0 made visible to every draft (the planted bug),
+    the float64 answer of each siblings / two-roots case with a short prefix moves by more than twice
+    the 1e-2 tolerance (CPU only: two references, no kernel)."""
+    for tree in ("siblings", "two_roots"):
+        for prefix in (0, 5, 130):
+            q, kv, qo_indptr, kv_indptr, kv_indices, masks, _ = _tree_inputs([draft], [prefix], num_heads, tree,
+                                                                          seed=prefix + draft, device="cpu")
+            planted = [m.clone() for m in masks]
+            for m in planted:
+                m[:, 0] = True
+            right = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, 1 / math.sqrt(192), 512)
+            wrong = reference(q, kv, qo_indptr, kv_indptr, kv_indices, planted, 1 / math.sqrt(192), 512)
+            err = ((wrong - right).abs().max() / right.abs().max()).item()
+            assert err > 2e-2, (tree, prefix, err)  # twice the GPU tests' 1e-2 tolerance
+
+
+@needs_gluon
+def test_planted_first_draft_bug_applies_to_a_copy_and_compiles(tmp_path):
+    """The bug the small-row GPU tests must catch plants into a copy of the tree (one line changed,
+    the repository untouched) and still compiles for sm_90, so a device run of the copy measures it."""
+    from tests.kernel.planted_bugs import BUGS, plant
+
+    bug = BUGS["first_draft_visible"]
+    diff = plant("first_draft_visible", REPO, tmp_path / "copy")
+    assert [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")] == [
+        "-" + " " * 12 + bug.old, "+" + " " * 12 + bug.new]
+    assert bug.old in (REPO / bug.path).read_text() and not (tmp_path / "copy" / ".git").exists()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from kernel import hopper, hopper_gluon; hopper.compile_for_sm90(False, hopper.KEYS_AS_M_VARIANT); "
+            "print(hopper_gluon.__file__)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "copy", env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert Path(run.stdout.strip().splitlines()[-1]).resolve() == (tmp_path / "copy" / bug.path).resolve()
+
+
+def test_hopper_check_names_variants_candidates_and_schedules(monkeypatch):
+    """$VARIANTS picks dispatched variants and candidates by name; NAME@balanced plans with the balanced
+    schedule; unknown names are dropped (the check script times each name next to the others)."""
+    from phases.kernel.bench import hopper_check
+
+    monkeypatch.delenv("VARIANTS", raising=False)
+    assert hopper_check.variants() == [v.describe() for v in hopper.VARIANTS]
+    names = ["BN64_S2", "BN64_S2@balanced", *[v.describe() for v in hopper.CANDIDATES], "no_such_variant"]
+    monkeypatch.setenv("VARIANTS", ",".join(names))
+    assert hopper_check.variants() == names[:-1]
+    assert hopper_check.resolve("BN64_S2@balanced") == (hopper.DEFAULT_VARIANT, "balanced")
+    assert [hopper_check.resolve(n)[0] for n in names[2:-1]] == list(hopper.CANDIDATES)

@@ -16,6 +16,7 @@ import torch
 from kernel.reference import mla_verify_reference
 from phases.kernel import benchmark, build, verify
 from phases.kernel.bench import timing
+from phases.kernel.bench.cases import build_inputs
 from phases.kernel.bench.shapes import BENCH_SHAPES
 from phases.kernel.bench.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 
@@ -290,6 +291,26 @@ def test_benchmark_summary_metrics():
     assert metrics["frac_h16_t8_128k"] == 0.7 and metrics["us_h16_t8_128k"] == 40.0
 
 
+def test_benchmark_decode_and_ragged_metrics():
+    """min_frac_decode_16k: the batched T=1 rows at 16k only; frac_ragged: the ragged batch."""
+    rows = synthetic_rows() + [
+        synthetic_row("b16_h128_t1_16k", "decode", 16384, 128, 1, 100.0, frac=0.49),
+        synthetic_row("b64_h16_t1_16k", "decode", 16384, 16, 1, 300.0, frac=0.87),
+        synthetic_row("b64_h128_t1_4k", "decode", 4096, 128, 1, 300.0, frac=0.33),
+    ]
+    metrics = benchmark.summarize(rows, Ceilings(4.25e12, 690e12))
+    assert metrics["min_frac_decode_16k"] == 0.49
+    assert metrics["frac_ragged"] == 0.6
+    assert metrics["frac_b64_h128_t1_4k"] == 0.33  # reported
+
+
+def test_benchmark_covers_the_issue_decode_rows():
+    from phases.kernel.bench.shapes import decode_batch_shapes
+
+    shapes = set(decode_batch_shapes())
+    assert {(16, 128, 16384), (64, 16, 16384), (64, 128, 16384), (64, 128, 4096), (16, 16, 16384)} <= shapes
+
+
 def test_benchmark_table_lists_every_row():
     rows = synthetic_rows()
     table = benchmark.markdown_table(rows, Ceilings(4.25e12, 690e12), {"name": "test GPU", "sm_count": 1})
@@ -318,13 +339,75 @@ def test_benchmark_rows_on_cpu_with_a_stand_in_kernel():
     ]
     assert rows[5].kind == "decode" and rows[5].batch_size == 3 and rows[5].oracle_us is None
     assert [r.oracle_us is None for r in rows[:4]] == [True, True, False, False]
-    assert rows[2].speedup == pytest.approx(0.3)
+    layers = benchmark.DEFAULT_LAYERS
+    assert all(r.layers == layers for r in rows)
+    # time_us: one layer of the layered step (fake time 200 / layers); the host-bound times 100
+    assert all(r.time_us == round(200 / layers, 2) and r.eager_us == r.call_us == 100.0 for r in rows)
+    assert all(r.isolated_us is None for r in rows)  # no planned call: nothing is replayed alone
+    assert rows[2].speedup == pytest.approx(60 / (200 / layers))
     assert max(r.rel_err for r in rows) < 1e-2
-    assert all(r.time_us == r.eager_us == r.call_us for r in rows)  # no planned call: the one-call API
     metrics = benchmark.summarize(rows, Ceilings(4e12, 700e12))
     assert metrics["tree_mask_overhead"] == 0.0 and metrics["scattered_overhead"] == 0.0
-    assert metrics["min_frac_batch8"] == rows[4].frac
-    assert metrics["frac_b3_h2_t1_64"] == rows[5].frac  # reported, in no thresholded class
+    assert metrics["min_frac_batch8"] == metrics["frac_ragged"] == rows[4].frac
+    assert metrics["frac_b3_h2_t1_64"] == rows[5].frac  # a decode row, not at 16k
+    assert "min_frac_decode_16k" not in metrics and metrics["layers"] == layers
+
+
+def test_benchmark_times_each_row_as_one_layer_of_a_step_of_distinct_layers():
+    """Every layer its own inputs (pool, q, slots, tree) and its own planned call; the layered time is
+    one replay of all of them divided by the layers; layer 0 is the row's own case; the pools
+    together are past twice the L2."""
+    prepared_inputs, calls = [], []
+
+    def prepare_recording_run(inputs, out):
+        prepared_inputs.append(inputs)
+        index = len(prepared_inputs) - 1
+
+        def call():
+            calls.append(index)
+            return correct_attention(**inputs, out=out)
+        return call
+
+    timed = []
+
+    def recording_time_us(fn, *, warmup_ms, rep_ms):
+        calls.clear()
+        fn()
+        timed.append(sorted(calls))
+        return float(rep_ms)
+
+    spec = benchmark.BenchSpec(contexts=(256,), shapes=((2, 8),), batch_contexts=(20,), decode_shapes=(),
+                               comparison_context=64, layers=3)
+    bench = benchmark._Bench(correct_attention, Ceilings(4e12, 700e12), torch.device("cpu"), spec,
+                             recording_time_us, prepare_recording_run)
+    case = benchmark._single_case(2, 8, 256, seed=5)
+    row = bench.measure("h2_t8_256", "sweep", case)
+    assert len(prepared_inputs) == 3
+    pools = [inputs["kv_cache"] for inputs in prepared_inputs]
+    assert len({p.data_ptr() for p in pools}) == 3 and not torch.equal(pools[0][:10], pools[1][:10])
+    assert not torch.equal(prepared_inputs[0]["q"], prepared_inputs[2]["q"])
+    own = build_inputs(case, "cpu", pool_factor=benchmark.layer_pool_factor(case, 3))  # layer 0: the row's case
+    assert torch.equal(prepared_inputs[0]["q"], own["q"]) and torch.equal(prepared_inputs[0]["kv_indices"], own["kv_indices"])
+    assert sum(p.numel() * p.element_size() for p in pools) >= 2 * benchmark.L2_BYTES
+    assert timed[0] == [0, 1, 2]  # the layered step: every layer once
+    assert (row.layers, row.time_us, row.rel_err < 1e-2) == (3, round(200 / 3, 2), True)
+
+
+def test_benchmark_catches_a_layer_whose_replayed_output_differs():
+    """A layer whose call is not reproducible (here: layer 2 gives different bits each call) fails the row."""
+    made = []
+
+    def prepare_run(inputs, out):
+        made.append(inputs)
+        if len(made) % 3 != 0:
+            return lambda: correct_attention(**inputs, out=out)
+        return lambda: adds_call_dependent_noise(**inputs, out=out)
+
+    spec = benchmark.BenchSpec(contexts=(256,), shapes=((2, 8),), batch_contexts=(20,), decode_shapes=(),
+                               comparison_context=64, layers=3)
+    rows = benchmark.measure_rows(spec, correct_attention, Ceilings(4e12, 700e12), torch.device("cpu"),
+                                  time_fn=fake_time_us, prepare_run=prepare_run)
+    assert rows[0].rel_err == float("inf")
 
 
 def test_benchmark_artifacts(tmp_path):
@@ -357,7 +440,8 @@ def test_benchmark_artifacts_go_through_the_runner(tmp_path, monkeypatch):
     ]
 
 
-SMALL_SPEC = benchmark.BenchSpec(contexts=(256,), shapes=((2, 8),), batch_contexts=(20,), comparison_context=64)
+SMALL_SPEC = benchmark.BenchSpec(contexts=(256,), shapes=((2, 8),), batch_contexts=(20,), decode_shapes=((2, 2, 64),),
+                                 comparison_context=64, layers=2)
 
 
 def test_benchmark_rows_record_a_wrong_kernel():
@@ -520,7 +604,9 @@ def test_plan_kernel_phase_gates_point_at_real_callables_and_metrics():
     produced = benchmark.summarize(synthetic_rows() + [
         synthetic_row("h16_t8_16k", "sweep", 16384, 16, 8, 10.0),
         synthetic_row("h64_t8_16k", "sweep", 16384, 64, 8, 10.0),
+        synthetic_row("b64_h128_t1_16k", "decode", 16384, 128, 1, 10.0),
     ], Ceilings(4e12, 700e12))
+    assert {"min_frac_decode_16k", "frac_ragged"} <= set(produced)
     assert set(gates["benchmark"].expect) <= set(produced)
     assert set(kernel_phase.headline_metrics()) <= set(produced)
     verify_metrics = run_interpret(correct_attention, limit=1)

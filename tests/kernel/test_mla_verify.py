@@ -10,6 +10,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from kernel import TileConfig, mla_verify_attention
 from tests.kernel.oracle import random_tree, reference
@@ -40,15 +42,24 @@ def make_inputs(draft_lens, kv_lens, num_heads, head_dim, dtype, *, tree, scatte
 ERR_FLOOR = 1e-5  # relative error below which the same-precision reference counts as exact
 
 
-def run_and_check(inp, head_dim, v_head_dim, sm_scale=None, tol=1e-2, config=None):
-    """Poison ``out``, run, and require per request: error vs float64 <= ``tol`` and <= 2x the error
-    of the same reference computed in q's dtype (plus ``ERR_FLOOR``)."""
+def run_and_check(inp, head_dim, v_head_dim, sm_scale=None, tol=1e-2, config=None, schedule=None, ratio=True):
+    """Poison ``out``, run, and require per request: error vs float64 <= ``tol`` and (``ratio``) <= 2x
+    the error of the same reference computed in q's dtype (plus ``ERR_FLOOR``). ``schedule``: plan
+    through ``MLAVerifyWrapper.plan(schedule=...)`` instead of the one-call API."""
     n, h = inp["q"].shape[:2]
     out = torch.full((n, h, v_head_dim), float("nan"), dtype=inp["q"].dtype, device=DEVICE)
-    got = mla_verify_attention(
-        inp["q"], inp["kv"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
-        tree_mask=inp["tree_mask"], sm_scale=sm_scale, v_head_dim=v_head_dim, out=out, config=config,
-    )
+    if schedule is None:
+        got = mla_verify_attention(
+            inp["q"], inp["kv"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
+            tree_mask=inp["tree_mask"], sm_scale=sm_scale, v_head_dim=v_head_dim, out=out, config=config,
+        )
+    else:
+        from kernel import MLAVerifyWrapper
+
+        wrapper = MLAVerifyWrapper(DEVICE)
+        wrapper.plan(inp["qo_indptr"], inp["kv_indptr"], h, head_dim, v_head_dim, config, inp["q"].dtype,
+                     schedule=schedule)
+        got = wrapper.run(inp["q"], inp["kv"], inp["kv_indices"], inp["tree_mask"], sm_scale, out)
     assert got.data_ptr() == out.data_ptr()
     assert not torch.isnan(out).any(), "output has unwritten (NaN) elements"
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
@@ -61,7 +72,7 @@ def run_and_check(inp, head_dim, v_head_dim, sm_scale=None, tol=1e-2, config=Non
         o, r, p = (x[qo[b] : qo[b + 1]].double() for x in (out, ref, same_precision))
         rel, ref_rel = float((o - r).norm() / r.norm()), float((p - r).norm() / r.norm())
         assert rel <= tol, f"request {b}: relative error {rel:.3e} > {tol}"
-        assert rel <= 2 * ref_rel + ERR_FLOOR, f"request {b}: error {rel:.3e} > 2x the {inp['q'].dtype} reference's {ref_rel:.3e}"
+        assert not ratio or rel <= 2 * ref_rel + ERR_FLOOR, f"request {b}: error {rel:.3e} > 2x the {inp['q'].dtype} reference's {ref_rel:.3e}"
     return out
 
 
@@ -90,6 +101,24 @@ def test_many_splits_and_row_blocks():
     cfg = TileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, target_programs=12, min_chunk=16)
     inp = make_inputs([7, 1], [150, 60], 5, 64, torch.bfloat16, tree=True, scattered=True, seed=3)
     run_and_check(inp, 64, 32, config=cfg)
+
+
+@settings(max_examples=12, deadline=None)
+@example(requests=[(2, 148), (1, 29), (4, 86)], num_heads=3, tree=True, seed=1)  # 3 + 1 + 2 pieces, a combine
+@given(requests=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 150)), min_size=1, max_size=5),
+       num_heads=st.integers(1, 3), tree=st.booleans(), seed=st.integers(0, 2**16))
+def test_balanced_schedule_gives_the_reference_answer(requests, num_heads, tree, seed):
+    """Ragged batches planned with the balanced schedule (pieces of unequal requests, splits on tile
+    boundaries, several row blocks) through the Triton path: within 1e-2 of float64, every element
+    written. A key missed or counted twice moves a request by far more than 1e-2. The "2x the bf16
+    reference's error" rule is left out: with one head and one draft (32 outputs) it fails for the
+    one-call API and the uniform plan alike on some seeds (e.g. L=2, or L=146 seed 19), one
+    rounding deciding it."""
+    cfg = TileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, target_programs=6, min_chunk=16)
+    drafts = [t for t, _ in requests]
+    inp = make_inputs(drafts, [t + extra for t, extra in requests], num_heads, 64, torch.bfloat16, tree=tree,
+                      scattered=True, seed=seed)
+    run_and_check(inp, 64, 32, config=cfg, schedule="balanced", ratio=False)
 
 
 def test_kv_cache_with_page_dim_and_deterministic():

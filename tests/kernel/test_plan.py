@@ -5,9 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numpy as np
+import pytest
 import torch
 
-from kernel.plan import HeadDims, PlanLayout, TileConfig, max_work_items, plan_work
+from kernel.plan import SCHEDULES, HeadDims, PlanLayout, TileConfig, max_work_items, plan_work
 
 CONFIGS = [
     TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=3, target_programs=132),
@@ -24,11 +25,20 @@ def batches(draw):
     return drafts, lengths, draw(st.sampled_from([1, 3, 16, 128])), draw(st.sampled_from(CONFIGS))
 
 
+@st.composite
+def serving_batches(draw):
+    """Many requests of mixed lengths (a few keys to 40k), as a serving step batches them."""
+    batch = draw(st.integers(1, 96))
+    drafts = draw(st.lists(st.integers(1, 8), min_size=batch, max_size=batch))
+    lengths = [t + draw(st.one_of(st.integers(0, 300), st.integers(0, 40_000))) for t in drafts]
+    return drafts, lengths, draw(st.sampled_from([1, 16, 128])), draw(st.sampled_from(CONFIGS))
+
+
 @settings(max_examples=300, deadline=None)
-@given(batches())
-def test_work_items_tile_every_row_block_and_key_once_within_the_bound(batch):
+@given(st.one_of(batches(), serving_batches()), st.sampled_from(SCHEDULES))
+def test_work_items_tile_every_row_block_and_key_once_within_the_bound(batch, schedule):
     drafts, lengths, heads, config = batch
-    plan = plan_work(drafts, lengths, heads, HeadDims.of(576, 512), config)
+    plan = plan_work(drafts, lengths, heads, HeadDims.of(576, 512), config, schedule=schedule)
     assert plan.num_work <= max_work_items(len(drafts), max(drafts), heads, config)
     covered = {}
     for w in range(plan.num_work):
@@ -97,3 +107,52 @@ def test_layout_pack_writes_every_array_at_its_offset_and_zeros_the_rest():
     assert views["work_kv_end"].tolist() == plan.work_kv_end.tolist() + [0, 0, 0]
     assert views["mb_stride"].tolist() == plan.mb_stride.tolist() + [0, 0]
     assert (layout.pack(plan) == packed).all()
+
+
+@pytest.mark.parametrize("max_batch,max_work,max_row_blocks", [(1, 1, 1), (5, 131, 7), (64, 196, 130), (3, 2, 6)])
+def test_every_layout_view_starts_16_byte_aligned(max_batch, max_work, max_row_blocks):
+    """Kernels specialize on 16-byte pointer alignment: views at offsets that move with the sizes
+    would compile new variants per batch size (and defeat a warm-up)."""
+    layout = PlanLayout(max_batch, max_work, max_row_blocks)
+    buffer = torch.zeros(layout.numel, dtype=torch.int32)
+    views = layout.views(buffer)
+    assert all((view.data_ptr() - buffer.data_ptr()) % 16 == 0 for view in views.values())
+    assert {name: view.numel() for name, view in views.items()} == layout.sizes()
+    spans = sorted(((v.data_ptr() - buffer.data_ptr()) // 4, v.numel()) for v in views.values())
+    assert all(start + size <= following for (start, size), (following, _) in zip(spans, spans[1:]))  # disjoint
+    end = spans[-1][0] + spans[-1][1]
+    assert end <= layout.numel < end + PlanLayout.ALIGN
+
+
+@settings(max_examples=200, deadline=None)
+@given(serving_batches())
+def test_balanced_schedule_splits_only_long_requests_into_near_equal_pieces(batch):
+    """Balanced: a request is split only when it holds at least 1.5 shares of the batch's work per
+    program, its pieces differ by at most one tile, and no piece is shorter than min_chunk (or a
+    tile) unless the request itself is."""
+    drafts, lengths, heads, config = batch
+    plan = plan_work(drafts, lengths, heads, HeadDims.of(576, 512), config, schedule="balanced")
+    mblocks = [-(-t * heads // config.block_m) for t in drafts]
+    share = max(1.0, sum(m * l for m, l in zip(mblocks, lengths)) / config.target_programs)
+    floor = max(config.min_chunk, config.block_n)
+    for b, length in enumerate(lengths):
+        pieces = [(s, e) for w, (s, e) in enumerate(zip(plan.work_kv_start, plan.work_kv_end))
+                  if plan.work_req[w] == b and plan.work_mblk[w] == 0]
+        if length < 1.5 * share or length < 2 * floor:
+            assert len(pieces) == 1, (length, share, pieces)
+        sizes = [e - s for s, e in pieces]
+        assert max(sizes) - min(sizes) <= config.block_n or len(sizes) == 1
+        assert len(sizes) == 1 or min(sizes) >= min(floor, length) - config.block_n
+
+
+def test_balanced_schedule_fills_the_sms_with_a_serving_batch_in_one_wave():
+    """B=64 requests of 4096 keys, 128 heads, 64-row blocks on 132 SMs: the uniform chunk (4032 keys)
+    leaves a 64-key sliver per row block (256 programs, half of them one tile); balanced gives one
+    4096-key program per row block (128 programs, one wave)."""
+    config = CONFIGS[1]
+    uniform = plan_work([1] * 64, [4096] * 64, 128, HeadDims.of(576, 512), config)
+    balanced = plan_work([1] * 64, [4096] * 64, 128, HeadDims.of(576, 512), config, schedule="balanced")
+    assert uniform.num_work == 256 and sorted(set((uniform.work_kv_end - uniform.work_kv_start).tolist())) == [64, 4032]
+    assert balanced.num_work == 128 and set((balanced.work_kv_end - balanced.work_kv_start).tolist()) == {4096}
+    with pytest.raises(ValueError, match="schedule"):
+        plan_work([1], [10], 16, HeadDims.of(576, 512), config, schedule="persistent")

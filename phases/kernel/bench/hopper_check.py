@@ -4,7 +4,7 @@ variant, then timings of every variant, the Triton path and the dispatched wrapp
     OUT=dir python -m phases.kernel.bench.hopper_check
 
 Every variant in ``kernel.hopper.VARIANTS`` (or those of VARIANTS and CANDIDATES that $VARIANTS
-names, comma-separated) is checked on seeded
+names, comma-separated; ``NAME@balanced`` plans that variant with the balanced schedule) is checked on seeded
 inputs from ``phases.kernel.bench.cases`` (NaN-poisoned, guarded ``out``; float64 reference; a
 second call must be bitwise equal); then the variants that passed are timed next to
 ``MLAVerifyWrapper(backend="triton")`` and the default ``MLAVerifyWrapper()`` (the dispatched
@@ -54,13 +54,21 @@ def all_variants():
 
 
 def variants():
-    """The variants $VARIANTS names (default: the ones the path uses)."""
+    """The variant names $VARIANTS lists (default: the ones the path uses). A name may end in
+    ``@balanced``: that variant over plans of the balanced schedule (``kernel.plan.plan_work``)."""
     from kernel import hopper
 
     names = os.environ.get("VARIANTS")
     if names is None:
-        return list(hopper.VARIANTS)
-    return [v for v in all_variants() if v.describe() in names.split(",")]
+        return [v.describe() for v in hopper.VARIANTS]
+    known = {v.describe() for v in all_variants()}
+    return [n for n in names.split(",") if n.partition("@")[0] in known]
+
+
+def resolve(name):
+    """(variant, schedule) of a name from ``variants()``."""
+    base, _, schedule = name.partition("@")
+    return next(v for v in all_variants() if v.describe() == base), schedule or "uniform"
 
 
 CASES = [
@@ -89,7 +97,8 @@ def stage_correct(names):
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     refs = {}
-    for v in [v for v in all_variants() if v.describe() in names]:
+    for name in names:
+        v, schedule = resolve(name)
         ok_v = True
         for i, (T, L, H, tree) in enumerate(CASES):
             if v.keys_as_m and max(T) * H > 64 * v.block_m:
@@ -99,7 +108,7 @@ def stage_correct(names):
             if i not in refs:
                 refs[i] = mla_verify_reference(**inputs, compute_dtype=torch.float64, out_dtype=torch.float64)
             ref = refs[i]
-            plan = hopper.make_plan(T, L, H, sms, v)
+            plan = hopper.make_plan(T, L, H, sms, v, schedule=schedule)
             tensors = hopper.plan_tensors(plan, "cuda")
             partials = hopper.allocate_workspace(plan.num_work, "cuda", v.block_m)
             big = torch.full(((N + 2) * H * 512,), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -116,11 +125,11 @@ def stage_correct(names):
             det = torch.equal(first, out)
             ok = err < 1e-2 and not nan and margins and det
             ok_v &= ok
-            log(f"{v.describe()} T={T} L={L} H={H} tree={tree} work={plan.num_work} rel_err={err:.2e} nan={nan} "
+            log(f"{name} T={T} L={L} H={H} tree={tree} work={plan.num_work} rel_err={err:.2e} nan={nan} "
                 f"margins_ok={margins} deterministic={det} {'OK' if ok else 'FAIL'}")
-        log(f"{v.describe()}: {'CORRECT' if ok_v else 'INCORRECT'}")
-        with open(os.path.join(OUT, f"correct_{v.describe()}.json"), "w") as f:
-            json.dump({"variant": v.describe(), "correct": ok_v}, f)
+        log(f"{name}: {'CORRECT' if ok_v else 'INCORRECT'}")
+        with open(os.path.join(OUT, f"correct_{name}.json"), "w") as f:
+            json.dump({"variant": name, "correct": ok_v}, f)
 
 
 def bench(fn, flush):
@@ -165,7 +174,7 @@ def stage_bench(names):
         res["bw"], res["peak"] = ceilings.copy_bw_bytes_per_s, ceilings.bf16_flops_per_s
         log(f"copy {res['bw'] / 1e12:.2f} TB/s  mm {res['peak'] / 1e12:.0f} TFLOP/s")
     elif which not in WRAPPER_STAGES:
-        v = [v for v in all_variants() if v.describe() == which][0]
+        v, schedule = resolve(which)
     for i, (T, L, H, tree) in enumerate(SHAPES):
         if which == "triton" and os.environ.get("CEILINGS_ONLY"):
             break
@@ -182,7 +191,7 @@ def stage_bench(names):
             if which == "triton":
                 torch.save(out.cpu(), ref_path)
         else:
-            plan = hopper.make_plan(T, L, H, sms, v)
+            plan = hopper.make_plan(T, L, H, sms, v, schedule=schedule)
             tensors = hopper.plan_tensors(plan, device)
             partials = hopper.allocate_workspace(plan.num_work, device, v.block_m)
             r = {"us": bench(lambda: _launch(plan, tensors, inputs, out, partials, v), flush), "work": plan.num_work}
@@ -231,7 +240,7 @@ def main() -> int:
         return 0
     t_start = time.time()
     budget = int(os.environ.get("BUDGET_S", 330))
-    names = [v.describe() for v in variants()]
+    names = variants()
 
     def stage(args, limit):
         limit = min(limit, budget - (time.time() - t_start))

@@ -1,0 +1,57 @@
+"""kernel.warmup: the probes cover every tile configuration and combine shape a plan can dispatch,
+run through the public wrapper (CPU interpreter: the Triton path; an H200: both paths, compiled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel import hopper, warmup
+from kernel.mla_verify import interpreting
+from kernel.plan import HeadDims, default_tile_config
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def test_warmup_runs_the_triton_path_in_both_modes():
+    """On the CPU interpreter: one tile configuration, tree and causal, eager and graph mode, each
+    with a multi-split plan (so the combine runs too)."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the interpreter's Triton-only probes")
+    report = warmup("cpu", num_heads=2, max_draft=3)
+    assert [(p.path, p.mask, p.mode) for p in report.probes] == [
+        ("triton", "tree", "eager"), ("triton", "causal", "eager"), ("triton", "tree", "graph"), ("triton", "causal", "graph"),
+    ]
+    config = default_tile_config(6, HeadDims.of(576, 512), 4, interpreting()).describe()
+    assert {p.config for p in report.probes} == {config}
+    assert all(p.combine == ((32, 128),) for p in report.probes)  # every probe plan has several splits
+    assert report.seconds > 0 and report.new_kernels == 0  # nothing compiles in the interpreter
+    assert "4 probes" in report.summary()
+
+
+def test_warmup_modes_and_argument_checks():
+    if torch.cuda.is_available():
+        pytest.skip("CPU-interpreter variant of the mode selection")
+    eager = warmup("cpu", num_heads=1, max_draft=1, head_dim=64, v_head_dim=32, use_cuda_graph=False)
+    graph = warmup("cpu", num_heads=1, max_draft=1, head_dim=64, v_head_dim=32, use_cuda_graph=True, max_batch=4)
+    assert {p.mode for p in eager.probes} == {"eager"} and {p.mode for p in graph.probes} == {"graph"}
+    with pytest.raises(ValueError, match="max_draft"):
+        warmup("cpu", num_heads=16, max_draft=65)
+    with pytest.raises(ValueError, match="kv_index_dtype"):
+        warmup("cpu", num_heads=16, max_draft=1, kv_index_dtype=torch.int16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 (Hopper) GPU with Gluon")
+@pytest.mark.parametrize("num_heads,max_draft", [(16, 1), (16, 8), (128, 8)])
+def test_warmup_covers_every_hopper_variant_and_is_cheap_the_second_time(num_heads, max_draft):
+    report = warmup("cuda", num_heads, max_draft)
+    variants = {hopper.tile_config(132, hopper.choose_variant(t * num_heads)).describe() for t in range(1, max_draft + 1)}
+    eager = [p for p in report.probes if p.mode == "eager"]
+    assert {p.config for p in eager} == variants and all(p.path == "hopper" for p in report.probes)
+    assert all(set(p.combine) == {hopper.COMBINE_WIDE, hopper.COMBINE_NARROW} for p in eager)
+    assert {p.combine for p in report.probes if p.mode == "graph"} == {(hopper.COMBINE_NARROW,)}
+    again = warmup("cuda", num_heads, max_draft)
+    assert again.new_kernels == 0, again.summary()
+    assert again.seconds < max(1.0, report.seconds)
