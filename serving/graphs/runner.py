@@ -50,6 +50,7 @@ class CaptureReport:
 
     seconds: float = 0.0
     per_key: dict[str, dict] = field(default_factory=dict)
+    kernel_warmup_s: float = 0.0
 
     @property
     def total_bytes(self) -> int:
@@ -182,8 +183,18 @@ def enable_cuda_graphs(engine, batch_sizes=DEFAULT_BATCH_SIZES, capture_graphs: 
     make its model runner replay them; returns the capture report. ``capture_graphs=False``:
     static buffers and re-planning without capture (CPU)."""
     runner = engine.runner
-    keys = keys_for(families_for(engine.drafter, engine.model.num_layers), batch_sizes)
+    families = families_for(engine.drafter, engine.model.num_layers)
+    keys = keys_for(families, batch_sizes)
     graphs = CudaGraphRunner(runner, keys, capture_graphs)
     report = graphs.capture()
     runner.graphs = graphs
+    if capture_graphs:  # the eager variants too: a step no bucket holds must not compile either
+        from kernel import warmup
+
+        widest = max(f.shape.width for f in families)
+        t0 = time.perf_counter()
+        warmup(runner.device, runner.backend.num_heads, widest, runner.pool.kv.shape[-1], runner.backend.kv_lora_rank,
+               runner.pool.dtype, use_cuda_graph=False)
+        report.kernel_warmup_s = time.perf_counter() - t0
+        report.seconds += report.kernel_warmup_s
     return report
