@@ -7,7 +7,7 @@ on a tree whose fingerprint is taken before and after; the evidence goes to
 * every gate passed and the tree did not change: the phase becomes ``complete`` with its
   checkpoint record, and one commit (tagged ``<plan>/<phase>``) holds the plan file, the run's
   report folder and the phase's ``paths``. The plan file is written only once the commit and
-  its tag are published (``runner.checkpoint``); a refused or failed commit leaves it as it was.
+  its tag are published (``runner.repo.checkpoint``); a refused or failed commit leaves it as it was.
 * a gate failed or errored, or the tree changed under the gates: ``failed``, no commit.
 * a gate needs a device this machine lacks: ``blocked``, no commit, and a message saying how
   to finish the phase on another machine. When the plan already holds a verdict on the phase
@@ -25,20 +25,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner import checkpoint as checkpoints
-from runner import machine as machine_probe
+from runner.repo import checkpoint as checkpoints
+from runner.records import machine as machine_probe
 from runner.errors import ExitCode, GitError, ResultsError, UsageError
-from runner.execute import ProgressFn
+from runner.gates.execute import ProgressFn
 from runner.formatting import format_metric
-from runner.gitops import CheckpointRepo
-from runner.history import RunRecord, describe_machine, find_runs
-from runner.lock import repo_lock
-from runner.machine import MachineInfo
-from runner.planning import GateStep, next_phase, ordered_gates, plan_run
-from runner.preflight import check_calls, check_paths, check_reports
-from runner.report import ReportContext, RunMeta, headline_metrics, write_report
-from runner.results import GateResult, Outcome, PhaseResults, ResultsFile, check_thresholds, plan_problems
-from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
+from runner.repo import git
+from runner.views.history import RunRecord, describe_machine, find_runs
+from runner.repo.lock import repo_lock
+from runner.records.machine import MachineInfo
+from runner.plan.order import GateStep, next_phase, ordered_gates, plan_run
+from runner.gates.preflight import check_calls
+from runner.records.places import check_paths, check_reports
+from runner.records.run_folder import ReportContext, RunMeta, headline_metrics, write_report
+from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile, check_thresholds, plan_problems
+from runner.plan.rewrite import PhaseUpdate, render_updates, write_plan_text
 from runner.runs import (
     PhaseStartFn,
     ResultFn,
@@ -48,7 +49,7 @@ from runner.runs import (
     interrupt_on_sigterm,
     run_phase,
 )
-from runner.schema import Checkpoint, Phase, PhaseStatus
+from runner.plan.schema import Checkpoint, Phase, PhaseStatus
 from runner.timeutil import iso_time, utc_now
 from runner.workspace import REPORTS_DIR, Workspace, safe_name
 
@@ -106,8 +107,7 @@ def advance(
     _check_writes(ws, phase, git=True)
     if dry_run:
         return _dry_run(ws, phase, results_path, machine)
-    repo = CheckpointRepo(ws.root)
-    _check_repo(repo, ws.root)
+    _check_repo(ws.root)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance", wait_s=wait_s):
         claimed = checkpoints.uncommitted_complete_tags(ws.root, ws.plan_rel)
         found = checkpoints.recover(ws.root, plan_rel=ws.plan_rel, complete_tags=claimed)  # a killed run's leftovers
@@ -120,18 +120,18 @@ def advance(
         if results_path is None:
             check_calls(ws.doc, phase, ws.root)
         _check_writes(ws, phase, git=True)
-        base = _check_repo(repo, ws.root)
-        branch = checkpoints.current_branch(ws.root)  # the checkpoint lands here, or nowhere
+        base = _check_repo(ws.root)
+        branch = git.current_branch(ws.root)  # the checkpoint lands here, or nowhere
         checkpoints.preflight(  # before any gate
             ws.root, tag=f"{ws.plan.id}/{phase.id}", expected_head=base, expected_branch=branch
         )
         try:
             return _advance_locked(
-                ws, phase, repo, base, branch, results_path, machine, on_result, on_progress, on_start
+                ws, phase, base, branch, results_path, machine, on_result, on_progress, on_start
             )
         except KeyboardInterrupt:
-            made = repo.tag_commit(f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
-            made = made if made is not None and made == repo.head() else None
+            made = git.tag_commit(ws.root, f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
+            made = made if made is not None and made == git.head(ws.root) else None
             done = f"interrupted after checkpoint {made[:12]} of {phase.id} was made" if made else None
             return AdvanceOutcome(
                 ExitCode.INTERRUPTED,
@@ -248,16 +248,16 @@ def _write_interrupted_report(
 
 def _check_writes(ws: Workspace, phase: Phase, *, git: bool) -> None:
     """Before any gate: the phase's paths stay in the repository, and its run folder would be
-    a folder of the repository that git does not ignore (``runner.preflight``)."""
+    a folder of the repository that git does not ignore (``runner.gates.preflight``)."""
     check_paths(ws.doc, phase, ws.root)
     parent = ws.root / REPORTS_DIR / safe_name(ws.plan.id) / safe_name(phase.id)
     check_reports(ws.root, REPORTS_DIR, parent, ws.plan_rel, git=git)
 
 
-def _check_repo(repo: CheckpointRepo, root: Path) -> str:
+def _check_repo(root: Path) -> str:
     """``HEAD``, after checking a checkpoint can be made (``GitError`` otherwise)."""
-    repo.check_ready()
-    base = repo.head()
+    git.check_ready(root)
+    base = git.head(root)
     if base is None:
         raise GitError(f"{root} has no commit yet; commit the tree before the runner checkpoints")
     return base
@@ -279,7 +279,6 @@ def _dry_run(ws: Workspace, phase: Phase, results_path: Path | None, machine: Ma
 def _advance_locked(
     ws: Workspace,
     phase: Phase,
-    repo: CheckpointRepo,
     base: str,
     branch: str | None,
     results_path: Path | None,
@@ -331,14 +330,13 @@ def _advance_locked(
             exit_code_for(outcome), phase=phase.id, status=status, report=report, messages=messages
         )
     return _checkpoint(
-        ws, phase, repo, base, branch, fingerprint, run.machine, gates, run.run_dir, report, messages
+        ws, phase, base, branch, fingerprint, run.machine, gates, run.run_dir, report, messages
     )
 
 
 def _checkpoint(
     ws: Workspace,
     phase: Phase,
-    repo: CheckpointRepo,
     base: str,
     branch: str | None,
     fingerprint: str,
@@ -358,7 +356,7 @@ def _checkpoint(
         report=report.relative_to(ws.root).as_posix(),
         metrics=metrics,
     )
-    paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(repo, phase.paths)]
+    paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(ws.root, phase.paths)]
     message = commit_message(ws.plan.id, phase, fingerprint, machine, gates, metrics)
     sha = checkpoints.make_checkpoint(
         ws.root, plan_rel=ws.plan_rel, plan_before=ws.doc.text.encode("utf-8"),
@@ -531,12 +529,12 @@ def _write_plan(ws: Workspace, updates: dict[str, PhaseUpdate]) -> None:
         write_plan_text(ws.plan_path, text)
 
 
-def _existing_paths(repo: CheckpointRepo, paths: list[str]) -> list[str]:
+def _existing_paths(root: Path, paths: list[str]) -> list[str]:
     """The phase's paths that exist in the work tree or are tracked (deleted ones count)."""
     kept = []
     for rel in paths:
         clean = rel.rstrip("/") or rel
-        if (repo.root / clean).exists() or (repo.root / clean).is_symlink() or repo.is_tracked(clean):
+        if (root / clean).exists() or (root / clean).is_symlink() or git.is_tracked(root, clean):
             kept.append(clean)
     return kept
 

@@ -6,6 +6,12 @@ command output, so one value reads the same everywhere.
 
 from __future__ import annotations
 
+import re
+
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Characters that end a line or steer a terminal: C0 and C1 controls, DEL, the Unicode line
+and paragraph separators."""
+
 
 def format_metric(value: object, digits: int = 4) -> str:
     """A metric as text: floats to ``digits`` significant digits (``.4g``), anything else as ``str``."""
@@ -32,3 +38,18 @@ def text_columns(rows: list[tuple[str, ...]]) -> list[str]:
     """``rows`` as lines of left-aligned columns, indented by two spaces."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: CR, LF, other control characters and Unicode line separators
+    are written as ``\\n``-style escapes, lone surrogates as ``\\udXXX``; a backslash stays.
+    What a commit message, a trailer or a terminal line gets from data the runner did not write."""
+    value = str(text)
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group(0)
+        named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char)
+        return named or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+    value = CONTROL_CHARS.sub(escape, value)
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")

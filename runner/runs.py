@@ -18,11 +18,11 @@ from pathlib import Path
 
 import runner
 from runner.errors import ExitCode
-from runner.execute import ProgressFn, StartFn, run_steps
-from runner.machine import MachineInfo
-from runner.planning import GateStep
-from runner.results import GateResult, Outcome, PhaseResults, ResultsFile
-from runner.schema import Phase
+from runner.gates.execute import ProgressFn, StartFn, run_steps
+from runner.records.machine import MachineInfo
+from runner.plan.order import GateStep
+from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
+from runner.plan.schema import Phase
 from runner.timeutil import iso_time, utc_now
 from runner.workspace import REPORTS_DIR, Workspace, safe_name
 

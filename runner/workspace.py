@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.fingerprint import tree_fingerprint
-from runner.planfile import PlanDocument, find_plan, load_plan
-from runner.schema import Plan
+from runner.repo.fingerprint import tree_fingerprint
+from runner.plan.load import PlanDocument, find_plan, load_plan
+from runner.plan.schema import Plan
 
 REPORTS_DIR = "reports"
 """Where runs are kept, relative to the root: ``reports/<plan>/<phase>/<run-id>/``."""

@@ -10,9 +10,9 @@ import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
 from runner.formatting import format_metric, short, text_columns
-from runner.history import RunRecord, describe_machine, find_runs, plan_checkpoints
-from runner.report import headline_metrics
-from runner.schema import Plan
+from runner.views.history import RunRecord, describe_machine, find_runs, plan_checkpoints
+from runner.records.run_folder import headline_metrics
+from runner.plan.schema import Plan
 from runner.workspace import open_workspace
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from runner.cli._common import domain_errors
-from runner.init import DEFAULT_PHASES, init_plan
+from runner.plan.scaffold import DEFAULT_PHASES, init_plan
 
 
 def init(

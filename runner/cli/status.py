@@ -12,9 +12,9 @@ from rich.table import Table
 
 from runner.cli._common import PLAN_HELP, domain_errors, stdout_console
 from runner.formatting import format_metric
-from runner.history import PhaseRuns, describe_phase, find_runs, phase_runs
-from runner.report import headline_metrics
-from runner.status import StatusView, plan_status
+from runner.views.history import PhaseRuns, describe_phase, find_runs, phase_runs
+from runner.records.run_folder import headline_metrics
+from runner.views.status import StatusView, plan_status
 from runner.workspace import Workspace, open_workspace
 
 

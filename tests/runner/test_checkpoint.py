@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import checkpoint as cp
+from runner.repo import checkpoint as cp
 from runner.errors import GitError
-from runner.procgroup import group_members
+from runner.gates.procgroup import group_members
 from tests.runner.repo_fixtures import git as _git, write
 
 PLAN = "plans/p.md"

@@ -9,9 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from runner.workspace import open_workspace
-from runner.history import resolve_run
-from runner.metrics_diff import compare_metric, diff_runs
-from runner.schema import Gate
+from runner.views.history import resolve_run
+from runner.views.diff import compare_metric, diff_runs
+from runner.plan.schema import Gate
 from tests.runner.repo_fixtures import (
     METRICS_OK,
     cli,
@@ -158,7 +158,7 @@ def test_real_kernel_run_against_itself_on_the_shipped_plan():
 def _record(run_id, gates, phase="alpha"):
     from pathlib import Path
 
-    from runner.history import RunRecord
+    from runner.views.history import RunRecord
 
     run = results(run_id=run_id, created="2026-12-01T10:00:00Z", gates=gates, phase=phase)
     return RunRecord(path=Path("/nonexistent") / run_id / "results.json", results=run, phase=phase)
@@ -171,7 +171,7 @@ def _gate(name, outcome, metrics):
 
 
 def test_gate_that_did_not_run_is_not_run_not_removed(tmp_path):
-    from runner.planfile import load_plan
+    from runner.plan.load import load_plan
 
     repo = make_repo(tmp_path / "repo", tolerant_phases({}))
     plan = load_plan(repo.plan).plan
@@ -182,7 +182,7 @@ def test_gate_that_did_not_run_is_not_run_not_removed(tmp_path):
 
 
 def test_noise_without_threshold_is_hidden_by_default(tmp_path):
-    from runner.planfile import load_plan
+    from runner.plan.load import load_plan
 
     repo = make_repo(tmp_path / "repo", tolerant_phases({}))
     plan = load_plan(repo.plan).plan

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from runner.workspace import open_workspace
-from runner.html_report import render_html_report, write_html_report
-from runner.report import ReportContext, render_report
-from runner.results import ResultsFile
+from runner.views.html import render_html_report, write_html_report
+from runner.records.run_folder import ReportContext, render_report
+from runner.records.results import ResultsFile
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,

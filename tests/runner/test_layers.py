@@ -15,13 +15,13 @@ import pytest
 RUNNER = Path(__file__).resolve().parents[2] / "runner"
 
 # The foundation: imports nothing of the runner but these (a gate imports gatekit).
-BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.protocol",
-        "runner.atomic", "runner.gatekit"}
+BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.gates",
+        "runner.gates.protocol", "runner.atomic", "runner.untrusted", "runner.gatekit"}
 # Read-only views: they must not pull in gate execution, locking or the use cases.
-READ_ONLY = {"runner.workspace", "runner.status", "runner.history", "runner.html_report",
-             "runner.metrics_diff", "runner.plots", "runner.report", "runner.formatting"}
-EXECUTION = {"runner.execute", "runner.runs", "runner.gate", "runner.advance", "runner.lock",
-             "runner.verdict", "runner.procgroup", "runner.gatelog"}
+READ_ONLY = {"runner.workspace", "runner.views.status", "runner.views.history", "runner.views.html",
+             "runner.views.diff", "runner.views.plots", "runner.records.run_folder", "runner.formatting"}
+EXECUTION = {"runner.gates.execute", "runner.runs", "runner.check", "runner.advance", "runner.repo.lock",
+             "runner.gates.verdict", "runner.gates.procgroup", "runner.gates.log"}
 
 
 def _module_name(path: Path) -> str:
@@ -87,7 +87,3 @@ def test_one_clock_only_timeutil_reads_the_time():
         assert "datetime.now(" not in path.read_text(encoding="utf-8"), path
 
 
-def test_checkpoint_repo_has_no_unused_branch_query():
-    from runner.gitops import CheckpointRepo
-
-    assert not hasattr(CheckpointRepo, "branch")

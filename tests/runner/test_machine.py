@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from runner import machine
-from runner.machine import MachineInfo, parse_devices, probe_machine
+from runner.records import machine
+from runner.records.machine import MachineInfo, parse_devices, probe_machine
 
 BASE = dict(hostname="gpu-host-1", platform="Linux-x", arch="x86_64", python="3.11.7",
             cpu_count=16, devices=["cpu", "cuda"], gpu_name="NVIDIA H200", gpu_count=1,

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from runner import gatekit
-from runner.plots import declared_plot, read_plot_document
+from runner.views.plots import declared_plot, read_plot_document
 from tests.runner.repo_fixtures import PY, cli, gate, make_repo, write
 from tests.runner.run_samples import ROOT
 

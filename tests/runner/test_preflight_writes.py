@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from runner import preflight
+from runner.gates import preflight
 from runner.errors import ExitCode
 from tests.runner.repo_fixtures import cli, default_phases, gate, make_repo, write
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.execute import run_gate
-from runner.gatelog import HEAD_BYTES, TAIL_BYTES, CappedLog
+from runner.gates.execute import run_gate
+from runner.gates.log import HEAD_BYTES, TAIL_BYTES, CappedLog
 from tests.runner.gate_helpers import group_alive, make_gate, pid_alive, python_cmd
 
 

@@ -16,8 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from runner import checkpoint
-from runner.planfile import load_plan
+from runner.repo import checkpoint
+from runner.plan.load import load_plan
 from tests.runner.gate_helpers import group_alive
 from tests.runner.repo_fixtures import (
     METRICS_OK,
@@ -102,7 +102,8 @@ TRIALS = 50
 WORKERS = 2
 _SITECUSTOMIZE = """
 import os, time
-from runner import checkpoint, machine
+from runner.repo import checkpoint
+from runner.records import machine
 from tests.runner.repo_fixtures import fake_machine
 machine.probe_machine = lambda *args, **kwargs: fake_machine()
 _pause = os.environ.get("RUNNER_TEST_PAUSE_AT")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runner.errors import ResultsError
-from runner.results import MAX_RESULTS_BYTES, ResultsFile
+from runner.records.results import MAX_RESULTS_BYTES, ResultsFile
 from tests.runner.repo_fixtures import cli, copy_without_git, edit_results, gpu_phases, make_repo
 from tests.runner.run_samples import gate_result, results
 

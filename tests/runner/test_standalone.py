@@ -54,5 +54,5 @@ def test_cli_starts_without_torch_or_triton(argv):
 
 
 def test_machine_probe_does_not_import_torch_into_the_runner():
-    code = "from runner.machine import probe_machine\nprobe_machine()"
+    code = "from runner.records.machine import probe_machine\nprobe_machine()"
     assert _loaded_after(code, ("torch", "triton"), timeout=120) == []

@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from runner.thresholds import Threshold
+from runner.plan.thresholds import Threshold
 
 
 @pytest.mark.parametrize(

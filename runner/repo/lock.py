@@ -29,7 +29,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from runner.errors import LockHeldError
-from runner.procgroup import pid_alive
 from runner.timeutil import iso_time, utc_now
 
 STALE_UNREADABLE_S = 5.0
@@ -233,3 +232,17 @@ def _held_message(path: Path, holder: dict) -> str:
         f"since {holder.get('started', '?')}) holds {path}; wait for it or, if that process "
         "is gone, delete the file"
     )
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (one of another user counts; a
+    zombie too). ``False`` for 0 and negative numbers, which name groups, not processes."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

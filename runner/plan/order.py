@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from runner.schema import GATE_KINDS, Gate, Phase, Plan
+from runner.plan.schema import GATE_KINDS, Gate, Phase, Plan
 
 GateAction = Literal["run", "blocked"]
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import callgate, gateoutput
-from runner.protocol import GateFiles
-from runner.results import MetricCheck, check_thresholds
+from runner.gates import call as callgate
+from runner.gates import output as gateoutput
+from runner.gates.protocol import GateFiles
+from runner.records.results import MetricCheck, check_thresholds
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode
 from runner.atomic import write_atomic
 from runner.errors import PlanError
 from runner.formatting import format_metric, table_cell
-from runner.planfile import PlanDocument, parse_plan
-from runner.schema import Checkpoint, Phase, PhaseStatus, Plan
+from runner.plan.load import PlanDocument, parse_plan
+from runner.plan.schema import Checkpoint, Phase, PhaseStatus, Plan
 
 
 class _Keep(enum.Enum):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from runner.errors import GitError
-from runner.gitops import CheckpointRepo
-from runner.planning import next_phase
+from runner.repo import git
+from runner.plan.order import next_phase
 from runner.workspace import Workspace
 
 
@@ -64,7 +64,6 @@ def plan_status(ws: Workspace) -> StatusView:
     """The status of every phase of the plan in ``ws``."""
     plan = ws.plan
     upcoming = next_phase(plan)
-    repo = _repo(ws)
     phases = []
     for phase in plan.phases:
         checkpoint = None
@@ -77,7 +76,7 @@ def plan_status(ws: Workspace) -> StatusView:
                 base=record.base,
                 fingerprint=record.fingerprint,
                 report=record.report,
-                commit=_tag_commit(repo, record.tag),
+                commit=_tag_commit(ws, record.tag),
                 metrics=dict(record.metrics),
             )
         phases.append(
@@ -99,19 +98,11 @@ def plan_status(ws: Workspace) -> StatusView:
     )
 
 
-def _repo(ws: Workspace) -> CheckpointRepo | None:
+def _tag_commit(ws: Workspace, tag: str) -> str | None:
+    """The commit ``tag`` names, ``None`` outside git or when the tag is missing."""
     if not (ws.root / ".git").exists():
         return None
     try:
-        return CheckpointRepo(ws.root)
-    except GitError:
-        return None
-
-
-def _tag_commit(repo: CheckpointRepo | None, tag: str) -> str | None:
-    if repo is None:
-        return None
-    try:
-        return repo.tag_commit(tag)
+        return git.tag_commit(ws.root, tag)
     except GitError:
         return None

@@ -32,9 +32,7 @@ Text that goes into the commit and tag messages is reduced to one line each
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,11 +42,20 @@ from pathlib import Path
 
 from runner.atomic import leftover_temps, write_atomic_bytes
 from runner.errors import GitError
-from runner.procgroup import pid_alive
+from runner.formatting import one_line
+from runner.repo.git import (
+    blob,
+    check_tag_name,
+    config_value,
+    current_branch,
+    git_dir,
+    git_output,
+    rev,
+    run_git,
+)
+from runner.repo.lock import pid_alive
 
 TRAILER_KEYS = ("Runner-Plan", "Runner-Phase", "Runner-Fingerprint", "Runner-Machine", "Runner-Gates")
-_OUTPUT_TAIL_LINES = 20
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
 
 # Fault injection for tests: called with the name of each step as it starts.
 FaultHook = Callable[[str], None]
@@ -68,19 +75,6 @@ def _step(name: str) -> None:
 
 
 # --- message text ---------------------------------------------------------------------------
-
-
-def one_line(text: object) -> str:
-    """``text`` on one line: CR, LF, other control characters and Unicode line separators
-    are written as ``\\n``-style escapes, lone surrogates as ``\\udXXX``; a backslash stays."""
-    value = str(text)
-
-    def escape(match: re.Match[str]) -> str:
-        char = match.group(0)
-        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
-
-    value = _CONTROL.sub(escape, value)
-    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def commit_message(
@@ -131,72 +125,7 @@ def parse_trailers(message: str) -> dict[str, str]:
     return found
 
 
-# --- git ------------------------------------------------------------------------------------
-
-
-def _git(
-    root: Path, *args: str, env: Mapping[str, str] | None = None, input: bytes | None = None,
-    check: bool = True,
-) -> subprocess.CompletedProcess[bytes]:
-    full_env = dict(os.environ)
-    full_env.update({"GIT_LITERAL_PATHSPECS": "1", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"})
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(
-        ["git", *args], cwd=root, env=full_env, input=input, capture_output=True, check=False,
-        stdin=None if input is not None else subprocess.DEVNULL,
-    )
-    if check and proc.returncode != 0:
-        output = (proc.stdout + b"\n" + proc.stderr).decode("utf-8", "replace").strip()
-        tail = "\n".join(output.splitlines()[-_OUTPUT_TAIL_LINES:])
-        raise GitError(f"git {args[0]} failed (exit {proc.returncode}): {tail or 'no output'}")
-    return proc
-
-
-def _out(root: Path, *args: str, **kwargs) -> str:
-    return _git(root, *args, **kwargs).stdout.decode("utf-8", "replace").strip()
-
-
-def _rev(root: Path, name: str) -> str | None:
-    proc = _git(root, "rev-parse", "--verify", "-q", name, check=False)
-    return proc.stdout.decode().strip() or None if proc.returncode == 0 else None
-
-
-def _git_dir(root: Path) -> Path:
-    return Path(root, _out(root, "rev-parse", "--git-dir")).resolve()
-
-
-def current_branch(root: Path) -> str | None:
-    """The full ref ``HEAD`` points to (``refs/heads/main``), ``None`` when detached."""
-    return _branch(root)
-
-
-def _branch(root: Path) -> str | None:
-    proc = _git(root, "symbolic-ref", "-q", "HEAD", check=False)
-    return proc.stdout.decode().strip() or None if proc.returncode == 0 else None
-
-
-def _blob(root: Path, rev: str, rel: str) -> bytes | None:
-    proc = _git(root, "cat-file", "blob", f"{rev}:{rel}", check=False)
-    return proc.stdout if proc.returncode == 0 else None
-
-
-def _true(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("true", "yes", "on", "1")
-
-
 # --- preflight ------------------------------------------------------------------------------
-
-
-def check_tag_name(root: Path, tag: str) -> None:
-    """``GitError`` unless ``refs/tags/<tag>`` is a valid ref name (``a..b``, ``alpha.``,
-    ``x.lock``, spaces, ``~^:?*[\\`` are not)."""
-    proc = _git(root, "check-ref-format", f"refs/tags/{tag}", check=False)
-    if proc.returncode != 0 or _CONTROL.search(tag):
-        raise GitError(
-            f"{tag!r} is not a valid git tag name (git check-ref-format refuses it); rename the "
-            "plan or phase id (no '..', no trailing '.' or '.lock', no spaces or ~^:?*[\\)"
-        )
 
 
 def preflight(root: Path, *, tag: str, expected_head: str, expected_branch: str | None = None) -> None:
@@ -204,25 +133,24 @@ def preflight(root: Path, *, tag: str, expected_head: str, expected_branch: str 
     ``expected_head`` now. Changes nothing."""
     root = Path(root)
     check_tag_name(root, tag)
-    proc = _git(root, "config", "--get", "tag.gpgSign", check=False)
-    if _true(proc.stdout.decode()):
+    if (config_value(root, "tag.gpgSign") or "").lower() in ("true", "yes", "on", "1"):
         raise GitError(
             "tag.gpgSign is true: the runner cannot sign its checkpoint tags unattended; "
             "set it for this repository with git config tag.gpgSign false"
         )
-    lock = _git_dir(root) / "index.lock"
+    lock = git_dir(root) / "index.lock"
     if lock.exists():
         raise GitError(
             f"{lock} exists: another git command is running, or one crashed and left it; "
             "when no git command is running, remove it (rm .git/index.lock)"
         )
-    existing = _rev(root, f"refs/tags/{tag}")
+    existing = rev(root, f"refs/tags/{tag}")
     if existing is not None:
         raise GitError(
             f"tag {tag} already exists (at {existing[:12]}); the runner never moves a tag. "
             f"Delete it (git tag -d {tag}) if the phase is to be checkpointed again"
         )
-    branch = _branch(root)
+    branch = current_branch(root)
     if branch is None:
         raise GitError("HEAD is detached; check out a branch so the checkpoint lands on it")
     if expected_branch is not None and branch != expected_branch:
@@ -230,7 +158,7 @@ def preflight(root: Path, *, tag: str, expected_head: str, expected_branch: str 
             f"the branch changed while the gates ran ({expected_branch} -> {branch}); "
             "nothing was committed: switch back and run advance again"
         )
-    head = _rev(root, "HEAD^{commit}")
+    head = rev(root, "HEAD^{commit}")
     if head != expected_head:
         raise GitError(
             f"HEAD moved while the gates ran ({expected_head[:12]} -> {(head or 'none')[:12]}); "
@@ -329,41 +257,41 @@ def make_checkpoint(
         edited = " (it was edited while the gates ran)" if current != plan_before else ""
         raise GitError(f"cannot record the checkpoint in {plan_rel}{edited}: {exc}") from exc
     new_bytes = new_text.encode("utf-8")
-    branch = expected_branch or _branch(root) or ""
+    branch = expected_branch or current_branch(root) or ""
     other = [p for p in (str(p) for p in paths) if p not in (plan_rel, commit_rel)]
-    git_dir = _git_dir(root)
+    folder = git_dir(root)
     stamp = f"{os.getpid()}-{uuid.uuid4().hex}"
-    index = git_dir / f"runner-index-{stamp}"
+    index = folder / f"runner-index-{stamp}"
     scratch = {"GIT_INDEX_FILE": str(index)}
     with deferred_signals():
         try:
             _step("blob")
-            blob = _out(root, "hash-object", "-w", "--stdin", input=new_bytes)
+            plan_blob = git_output(root, "hash-object", "-w", "--stdin", input=new_bytes)
             _step("tree")
-            _git(root, "read-tree", expected_head, env=scratch)
+            run_git(root, "read-tree", expected_head, env=scratch)
             if other:
-                _git(root, "add", "-A", "--", *other, env=scratch)
+                run_git(root, "add", "-A", "--", *other, env=scratch)
             mode = _plan_mode(root, plan_path)
-            _git(root, "update-index", "--add", "--cacheinfo", f"{mode},{blob},{commit_rel}", env=scratch)
-            tree = _out(root, "write-tree", env=scratch)
+            run_git(root, "update-index", "--add", "--cacheinfo", f"{mode},{plan_blob},{commit_rel}", env=scratch)
+            tree = git_output(root, "write-tree", env=scratch)
         finally:
             for path in (index, index.with_name(index.name + ".lock")):
                 path.unlink(missing_ok=True)
         _step("commit")
-        new = _out(root, "commit-tree", tree, "-p", expected_head, input=_with_newline(message).encode())
+        new = git_output(root, "commit-tree", tree, "-p", expected_head, input=_with_newline(message).encode())
         _step("tag-object")
-        tagger = _out(root, "var", "GIT_COMMITTER_IDENT")
+        tagger = git_output(root, "var", "GIT_COMMITTER_IDENT")
         tag_body = (
             f"object {new}\ntype commit\ntag {tag}\ntagger {tagger}\n\n{_with_newline(one_line(tag_message))}"
         )
-        tag_obj = _out(root, "mktag", input=tag_body.encode())
+        tag_obj = git_output(root, "mktag", input=tag_body.encode())
         _step("publish")
         transaction = (
             f"start\nupdate {branch} {new} {expected_head}\ncreate refs/tags/{tag} {tag_obj}\n"
             "prepare\ncommit\n"
         )
         try:
-            _git(root, "update-ref", "--stdin", "-m", f"runner checkpoint {tag}", input=transaction.encode())
+            run_git(root, "update-ref", "--stdin", "-m", f"runner checkpoint {tag}", input=transaction.encode())
         except GitError as exc:
             raise GitError(f"the checkpoint commit failed, nothing was changed (the plan was left as it was): {exc}") from exc
         _step("index")
@@ -393,7 +321,7 @@ def _plan_mode(root: Path, plan_path: Path) -> str:
 
 def _reset_index(root: Path, commit: str, paths: Sequence[str]) -> None:
     try:
-        _git(root, "reset", "-q", commit, "--", *paths)
+        run_git(root, "reset", "-q", commit, "--", *paths)
     except GitError as exc:
         raise GitError(
             f"checkpoint {commit[:12]} was committed and tagged, but the index could not be "
@@ -435,22 +363,22 @@ def recover(root: Path, *, plan_rel: str, complete_tags: Iterable[str] = ()) -> 
     """
     root = Path(root)
     found = Recovery()
-    git_dir = _git_dir(root)
-    for scratch in git_dir.glob("runner-index-*"):
+    folder = git_dir(root)
+    for scratch in folder.glob("runner-index-*"):
         pid = scratch.name.removeprefix("runner-index-").split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             scratch.unlink(missing_ok=True)
     for temp, pid in leftover_temps(root / plan_rel):
         if not pid_alive(pid):
             temp.unlink(missing_ok=True)
-    head = _rev(root, "HEAD^{commit}")
+    head = rev(root, "HEAD^{commit}")
     if head is not None:
-        raw = _git(root, "cat-file", "commit", head).stdout.decode("utf-8", "replace")
+        raw = run_git(root, "cat-file", "commit", head).stdout.decode("utf-8", "replace")
         trailers = parse_trailers(raw.partition("\n\n")[2])
         if "Runner-Plan" in trailers and "Runner-Phase" in trailers:
             _recover_head(root, head, raw, trailers, plan_rel, found)
     for tag in complete_tags:
-        if _rev(root, f"refs/tags/{tag}") is None:
+        if rev(root, f"refs/tags/{tag}") is None:
             found.problems.append(
                 f"the plan marks the phase of tag {tag} complete, but there is no such tag: its "
                 f"checkpoint was never made. Restore the plan (git checkout HEAD -- {plan_rel}) "
@@ -467,25 +395,25 @@ def _recover_head(
     someone edited since, or a tag that names another commit (a rebased checkpoint), is
     history, not a half-made checkpoint: left alone."""
     tag = f"{trailers['Runner-Plan']}/{trailers['Runner-Phase']}"
-    parent = _rev(root, f"{head}^1")
-    committed = _blob(root, head, plan_rel)
+    parent = rev(root, f"{head}^1")
+    committed = blob(root, head, plan_rel)
     if committed is None:
         return
     try:
         work: bytes | None = (root / plan_rel).read_bytes()
     except FileNotFoundError:
         work = None
-    before = _blob(root, parent, plan_rel) if parent else None
+    before = blob(root, parent, plan_rel) if parent else None
     if work != committed and work != before:
         return
-    tagged = _rev(root, f"refs/tags/{tag}^{{commit}}")
+    tagged = rev(root, f"refs/tags/{tag}^{{commit}}")
     if tagged is not None and tagged != head:
         return
     if tagged is None:
         try:
             check_tag_name(root, tag)
             subject = raw.partition("\n\n")[2].split("\n", 1)[0]
-            _git(root, "tag", "-a", "--cleanup=verbatim", "-m", one_line(subject), tag, head)
+            run_git(root, "tag", "-a", "--cleanup=verbatim", "-m", one_line(subject), tag, head)
             found.repaired.append(f"tagged checkpoint {head[:12]} {tag} (its tag was missing)")
         except GitError as exc:
             found.problems.append(f"checkpoint {head[:12]} has no tag {tag} and it could not be made: {exc}")
@@ -495,7 +423,7 @@ def _recover_head(
         found.repaired.append(f"wrote {plan_rel} as checkpoint {head[:12]} ({tag}) committed it")
     if parent is None:
         return
-    changed = _out(root, "diff-tree", "-r", "--name-only", "--no-renames", "-z", parent, head).split("\0")
+    changed = git_output(root, "diff-tree", "-r", "--name-only", "--no-renames", "-z", parent, head).split("\0")
     stale = [rel for rel in filter(None, changed) if _index_entry(root, rel) == _tree_entry(root, parent, rel)]
     if stale:
         _reset_index(root, head, stale)
@@ -503,12 +431,12 @@ def _recover_head(
 
 
 def _index_entry(root: Path, rel: str) -> str | None:
-    out = _out(root, "ls-files", "-s", "--", rel)
+    out = git_output(root, "ls-files", "-s", "--", rel)
     return out.split()[1] if out and "\n" not in out else None
 
 
-def _tree_entry(root: Path, rev: str, rel: str) -> str | None:
-    out = _out(root, "ls-tree", rev, "--", rel)
+def _tree_entry(root: Path, revision: str, rel: str) -> str | None:
+    out = git_output(root, "ls-tree", revision, "--", rel)
     return out.split()[2] if out and "\n" not in out else None
 
 
@@ -523,8 +451,8 @@ def plan_renderer(
     ran are kept; a plan that no longer parses, or lost the phase, raises (a refusal). With
     ``before`` (the ``PlanDocument`` the gates ran from), a phase whose ``gates`` or ``paths``
     were edited meanwhile also raises: its gates are not the ones that passed."""
-    from runner.planfile import decode_plan_bytes, parse_plan, plan_format
-    from runner.rewrite import render_updates
+    from runner.plan.load import decode_plan_bytes, parse_plan, plan_format
+    from runner.plan.rewrite import render_updates
 
     path = Path(plan_path)
 
@@ -553,7 +481,7 @@ def uncommitted_complete_tags(root: Path, plan_rel: str) -> list[str]:
     committed at ``HEAD`` does not (what ``recover`` checks with ``complete_tags``). Empty when
     either plan cannot be read or parsed (the normal plan checks report that)."""
     from runner.errors import PlanError
-    from runner.planfile import decode_plan_bytes, parse_plan, plan_format
+    from runner.plan.load import decode_plan_bytes, parse_plan, plan_format
 
     root = Path(root)
     path = root / plan_rel
@@ -568,7 +496,7 @@ def uncommitted_complete_tags(root: Path, plan_rel: str) -> list[str]:
 
     try:
         work = complete(path.read_bytes())
-        committed_bytes = _blob(root, "HEAD", plan_rel)
+        committed_bytes = blob(root, "HEAD", plan_rel)
         committed = complete(committed_bytes) if committed_bytes is not None else {}
     except (OSError, PlanError, GitError):
         return []

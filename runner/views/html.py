@@ -18,14 +18,14 @@ from pathlib import Path
 
 import runner
 from runner.formatting import format_metric, short
-from runner.history import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
-from runner.plots import Plot, Point, declared_plot, metric_history_plot
-from runner.preflight import check_reports
-from runner.protocol import PLOT_SUFFIX
-from runner.report import headline_metrics
-from runner.results import GateResult
-from runner.schema import Phase
-from runner.status import PhaseView, plan_status
+from runner.views.history import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
+from runner.views.plots import Plot, Point, declared_plot, metric_history_plot
+from runner.records.places import check_reports
+from runner.gates.protocol import PLOT_SUFFIX
+from runner.records.run_folder import headline_metrics
+from runner.records.results import GateResult
+from runner.plan.schema import Phase
+from runner.views.status import PhaseView, plan_status
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
 from runner.workspace import REPORTS_DIR, Workspace
@@ -81,7 +81,7 @@ def write_html_report(ws: Workspace, out: Path) -> Path:
     """Render the page and write it to ``out`` (folders created); return ``out``.
 
     An ``out`` inside the repository's ``reports/`` folder (the default) is checked as the
-    runs' folders are (``runner.preflight.check_reports``): one that a symbolic link there
+    runs' folders are (``runner.records.places.check_reports``): one that a symbolic link there
     leads outside the repository is refused with ``UsageError``. A path elsewhere is written
     wherever it leads: the user named it.
     """

@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from runner.atomic import write_atomic
 from runner.errors import ResultsError
-from runner.gateoutput import OutputError, parse_json, read_bounded
-from runner.machine import MachineInfo
+from runner.untrusted import UntrustedFileError, parse_json, read_bounded
+from runner.records.machine import MachineInfo
 from runner.timeutil import iso_ms
 
 if TYPE_CHECKING:
-    from runner.thresholds import Threshold
+    from runner.plan.thresholds import Threshold
 
 RESULTS_SCHEMA = 1
 MAX_RESULTS_BYTES = 64 << 20
@@ -159,7 +159,7 @@ class ResultsFile(BaseModel):
             if raw is None:
                 raise ResultsError(f"{path}: cannot read the results file: no such file")
             data = parse_json(raw, what="the results file", max_depth=MAX_RESULTS_DEPTH, unique_keys=True)
-        except OutputError as exc:
+        except UntrustedFileError as exc:
             raise ResultsError(f"{path}: {exc}") from None
         if not isinstance(data, dict):
             raise ResultsError(
@@ -190,7 +190,7 @@ def consistency_problems(results: ResultsFile) -> list[str]:
     appears twice, an unknown gate kind, a PASS whose process did not exit 0 or whose checks
     failed, an outcome with a signal but no FAIL/ERROR, a BLOCKED or SKIPPED gate with a
     process. (Thresholds are re-checked against the metrics by the caller.)"""
-    from runner.schema import GATE_KINDS
+    from runner.plan.schema import GATE_KINDS
 
     problems: list[str] = []
     phases = [phase.phase for phase in results.phases]

@@ -1,4 +1,4 @@
-"""Child process of a callable gate: ``python -m runner.callgate pkg.mod:func --args-json '{...}'``.
+"""Child process of a callable gate: ``python -m runner.gates.call pkg.mod:func --args-json '{...}'``.
 
 Imports ``pkg.mod`` with the current directory (the repository root) first on ``sys.path``,
 calls ``func(**args)`` and writes the returned metrics dict as a JSON object to the file named
@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from runner.protocol import METRICS_ENV, STATUS_ENV
+from runner.gates.protocol import METRICS_ENV, STATUS_ENV
 
 STATUS_OK = "ok"
 STATUS_RAISED = "raised"
@@ -56,7 +56,7 @@ class _Stop(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one callable gate; return the exit code (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m runner.callgate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m runner.gates.call", description=__doc__.split("\n")[0])
     parser.add_argument("target", help="the callable, as pkg.module:function")
     parser.add_argument("--args-json", default="{}", help="keyword arguments, a JSON object")
     options = parser.parse_args(argv)
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = _metrics_of(returned)
         _write_metrics(metrics)
     except _Stop as stop:
-        print(f"runner.callgate: {options.target}: {stop.message}", file=sys.stderr)
+        print(f"runner.gates.call: {options.target}: {stop.message}", file=sys.stderr)
         _write_status(stop.status, stop.message)
         return EXIT_CODES[stop.status]
     _write_status(STATUS_OK, f"reported {len(metrics)} metric(s)")
@@ -166,7 +166,7 @@ def _write_metrics(metrics: dict[str, bool | int | float | str]) -> None:
         print(text)
     nonfinite = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if nonfinite:
-        print(f"runner.callgate: non-finite metric(s): {', '.join(nonfinite)}", file=sys.stderr)
+        print(f"runner.gates.call: non-finite metric(s): {', '.join(nonfinite)}", file=sys.stderr)
 
 
 def _write_status(status: str, message: str) -> None:

@@ -13,16 +13,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner import machine as machine_probe
+from runner.records import machine as machine_probe
 from runner.errors import ExitCode, UsageError
-from runner.execute import ProgressFn
-from runner.junit import append_summary, write_empty_junit, write_junit
-from runner.machine import MachineInfo
-from runner.planning import plan_run
-from runner.preflight import check_calls, check_outputs
-from runner.results import PhaseResults, ResultsFile, combine_outcomes
+from runner.gates.execute import ProgressFn
+from runner.views.junit import append_summary, write_empty_junit, write_junit
+from runner.records.machine import MachineInfo
+from runner.plan.order import plan_run
+from runner.gates.preflight import check_calls
+from runner.records.places import check_outputs
+from runner.records.results import PhaseResults, ResultsFile, combine_outcomes
 from runner.runs import PhaseStartFn, ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
-from runner.schema import Phase, Plan
+from runner.plan.schema import Phase, Plan
 from runner.workspace import Workspace
 
 

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runner.formatting import MARKDOWN_FILTERS, format_metric, table_cell
-from runner.results import GateResult, ResultsFile
-from runner.schema import Phase, Plan
+from runner.records.results import GateResult, ResultsFile
+from runner.plan.schema import Phase, Plan
 from runner.templating import template_env
 from runner.workspace import safe_name
 

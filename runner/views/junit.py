@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from runner.formatting import MARKDOWN_FILTERS, format_metric
-from runner.results import GateResult, ResultsFile
+from runner.records.results import GateResult, ResultsFile
 from runner.templating import template_env
 
 SUMMARY_TEMPLATE = "summary.md.j2"

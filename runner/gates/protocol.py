@@ -1,7 +1,7 @@
 """The contract between the runner and a gate process, defined once.
 
-Both sides import these names: the runner's execution side (``runner.execute``,
-``runner.verdict``, ``runner.callgate``) when it starts a gate and reads back what it left, and
+Both sides import these names: the runner's execution side (``runner.gates.execute``,
+``runner.gates.verdict``, ``runner.gates.call``) when it starts a gate and reads back what it left, and
 the gate side through ``runner.gatekit``.
 
 Every gate process gets, besides the runner's own environment and the gate's ``env:``:
@@ -9,7 +9,7 @@ Every gate process gets, besides the runner's own environment and the gate's ``e
 ==========================  ===================================================================
 ``RUNNER_GATE``             the gate's name
 ``RUNNER_METRICS``          a file the gate may write its metrics to (one JSON object of scalars)
-``RUNNER_STATUS``           a file ``runner.callgate`` writes its status line to (callable gates)
+``RUNNER_STATUS``           a file ``runner.gates.call`` writes its status line to (callable gates)
 ``RUNNER_PROGRESS``         a file the gate may append ``{"done": n, "total": m}`` lines to
 ``RUNNER_ARTIFACTS``        a fresh folder for small UTF-8 text files the report keeps
 ==========================  ===================================================================

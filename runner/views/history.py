@@ -13,10 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from runner.errors import ResultsError, UsageError
-from runner.machine import MachineInfo
-from runner.report import RunMeta, read_run_meta
-from runner.results import Outcome, PhaseResults, ResultsFile, combine_outcomes
-from runner.status import CheckpointView, plan_status
+from runner.records.machine import MachineInfo
+from runner.records.run_folder import RunMeta, read_run_meta
+from runner.records.results import Outcome, PhaseResults, ResultsFile, combine_outcomes
+from runner.views.status import CheckpointView, plan_status
 from runner.workspace import REPORTS_DIR, Workspace, safe_name
 
 RESULTS_NAME = "results.json"

@@ -2,7 +2,7 @@
 
 Every model forbids unknown keys and validates strictly (no silent ``"900"`` -> ``900``),
 so a typo in a plan is an error with a location, not a setting that is quietly ignored.
-Models are frozen: status changes go through ``runner.rewrite``, never by mutation.
+Models are frozen: status changes go through ``runner.plan.rewrite``, never by mutation.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from runner.errors import UsageError
-from runner.thresholds import Threshold
+from runner.plan.thresholds import Threshold
 
 SCHEMA_VERSION = 1
 

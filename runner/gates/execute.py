@@ -2,7 +2,7 @@
 
 Each gate runs in its own session and process group, with stdin from ``/dev/null`` and
 stdout and stderr going through one pipe that a thread drains into its log file
-(``runner.gatelog``: the log keeps the first and the last MiB of the output, so a gate that
+(``runner.gates.log``: the log keeps the first and the last MiB of the output, so a gate that
 prints gigabytes cannot fill the disk). On a timeout
 or an interrupt the whole group gets SIGTERM, then SIGKILL after a grace period; when the
 gate's main process exits on its own, members of its group that are still running (a
@@ -15,7 +15,7 @@ of memory?)``: the kernel's out-of-memory killer is the usual sender.
 
 The gate's ``PYTHONPATH`` starts with the repository root (so the project's own packages and
 ``runner`` import), followed by the folder this ``runner`` package was loaded from when that
-is elsewhere (so a callable gate runs this runner's ``runner.callgate``).
+is elsewhere (so a callable gate runs this runner's ``runner.gates.call``).
 
 ``$RUNNER_ARTIFACTS`` names a fresh folder for each gate: the small UTF-8 text files the gate
 leaves directly in it (at most ``MAX_ARTIFACTS`` files of at most ``MAX_ARTIFACT_BYTES`` each)
@@ -43,13 +43,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import runner
-from runner import gateoutput
-from runner.gatelog import HEAD_BYTES, CappedLog, OutputPump
-from runner.procgroup import end_group, with_parent_death_signal
-from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
-from runner.results import GateResult
+from runner.gates import output as gateoutput
+from runner.gates.log import HEAD_BYTES, CappedLog, OutputPump
+from runner.gates.procgroup import end_group, with_parent_death_signal
+from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
+from runner.records.results import GateResult
 from runner.timeutil import iso_ms
-from runner.verdict import Verdict, judge
+from runner.untrusted import UntrustedFileError, read_bounded
+from runner.gates.verdict import Verdict, judge
 
 LOG_TAIL_LINES = 60
 MAX_ARTIFACT_ENTRIES = 10 * MAX_ARTIFACTS  # directory entries looked at, at most
@@ -62,7 +63,7 @@ _RUNNER_ROOT = Path(runner.__file__).resolve().parent.parent
 
 
 class GateLike(Protocol):
-    """The attributes of ``runner.schema.Gate`` that execution reads."""
+    """The attributes of ``runner.plan.schema.Gate`` that execution reads."""
 
     name: str
     kind: str
@@ -105,7 +106,7 @@ def run_gate(
     """Run one gate to completion and check its ``expect`` thresholds.
 
     Args:
-        gate: the gate (``runner.schema.Gate`` or anything with the same attributes).
+        gate: the gate (``runner.plan.schema.Gate`` or anything with the same attributes).
         repo_root: the working directory of the gate; also first on its ``PYTHONPATH``.
         log_path: file that receives the gate's stdout and stderr (created or replaced).
         env: extra variables for the gate, applied over the runner's environment and under
@@ -275,7 +276,7 @@ def _command(gate: GateLike) -> list[str]:
         return ["bash", "-c", run]
     if call:
         args = getattr(gate, "args", None) or {}
-        return [sys.executable, "-m", "runner.callgate", call, "--args-json", json.dumps(args)]
+        return [sys.executable, "-m", "runner.gates.call", call, "--args-json", json.dumps(args)]
     raise ValueError(f"gate {gate.name!r} has neither run nor call")
 
 
@@ -366,11 +367,11 @@ def _read_artifacts(folder: Path, log) -> dict[str, str]:
                 if size > MAX_ARTIFACT_BYTES:
                     skip = f"{size} bytes, over the {MAX_ARTIFACT_BYTES}-byte limit"
                 else:
-                    data = gateoutput.read_bounded(Path(entry.path), MAX_ARTIFACT_BYTES, what="artifact")
+                    data = read_bounded(Path(entry.path), MAX_ARTIFACT_BYTES, what="artifact")
                     artifacts[entry.name] = (data or b"").decode("utf-8")
             except UnicodeDecodeError:
                 skip = "not UTF-8 text"
-            except (OSError, gateoutput.OutputError) as exc:
+            except (OSError, UntrustedFileError) as exc:
                 skip = f"unreadable ({exc})"
         if skip is not None:
             _note(log, f"artifact {entry.name!r} skipped: {skip}")

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runner.errors import PlanError, UsageError
-from runner.planfile import PlanDocument, load_plan
-from runner.schema import ID_PATTERN
+from runner.plan.load import PlanDocument, load_plan
+from runner.plan.schema import ID_PATTERN
 from runner.templating import template_env
 
 TEMPLATE = "plan.md.j2"

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from runner.protocol import PLOT_FORMAT
+from runner.gates.protocol import PLOT_FORMAT
 
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate"}
 SCALES = ("linear", "log")

@@ -24,7 +24,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
 from runner.errors import PlanError, UsageError
-from runner.schema import Plan
+from runner.plan.schema import Plan
 
 PlanFormat = Literal["markdown", "yaml"]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Literal
 
 from runner.errors import UsageError
-from runner.history import RunRecord, describe_machine, display_path
-from runner.schema import Gate, Plan
+from runner.views.history import RunRecord, describe_machine, display_path
+from runner.plan.schema import Gate, Plan
 
 Direction = Literal["higher", "lower"]
 Verdict = Literal[
