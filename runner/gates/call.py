@@ -1,7 +1,8 @@
 """Child process of a callable gate: ``python -m runner.gates.call pkg.mod:func --args-json '{...}'``.
 
-Imports ``pkg.mod`` with the current directory (the repository root) first on ``sys.path``,
-calls ``func(**args)`` and writes the returned metrics dict as a JSON object to the file named
+Imports ``pkg.mod`` from the current directory (the repository root) first: the root is first
+on ``sys.path``, and ``pkg`` is taken from the root when the root has it, also as a folder
+without ``__init__.py`` (``runner.gates.modules``). Then it calls ``func(**args)`` and writes the returned metrics dict as a JSON object to the file named
 by ``$RUNNER_METRICS`` (to stdout when it is unset). NaN and infinities are written as the
 ``NaN`` / ``Infinity`` literals, so the runner sees them and fails their thresholds.
 
@@ -35,6 +36,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from runner.gates.modules import import_from_root_first
 from runner.gates.protocol import METRICS_ENV, STATUS_ENV
 
 STATUS_OK = "ok"
@@ -64,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cwd = os.getcwd()
     if not sys.path or sys.path[0] != cwd:
         sys.path.insert(0, cwd)
+    import_from_root_first(options.target.partition(":")[0], cwd)
     try:
         func, args = _load(options.target, options.args_json)
         try:
@@ -79,17 +82,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CODES[stop.status]
     _write_status(STATUS_OK, f"reported {len(metrics)} metric(s)")
     return EXIT_CODES[STATUS_OK]
-
-
-def read_status(path: Path) -> tuple[str, str] | None:
-    """The ``(status, message)`` a child wrote to ``path``, or ``None`` if it wrote none."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("status") not in EXIT_CODES:
-        return None
-    return str(data["status"]), str(data.get("message", ""))
 
 
 def _load(target: str, args_json: str) -> tuple[Callable[..., object], dict[str, object]]:

@@ -6,8 +6,8 @@ gate's line and column, before anything runs. Only the phase about to run is che
 phases may name code that is not written yet.
 
 Modules are found the way the gate's child process will import them (the repository root
-first, then this interpreter's ``sys.path``) without importing them: each dotted part is looked
-up with ``importlib.machinery.PathFinder`` in the folders of the part before it, so no package
+first, ``runner.gates.modules``, then this interpreter's ``sys.path``) without importing them:
+each dotted part is looked up with ``importlib.machinery.PathFinder`` in the folders of the part before it, so no package
 ``__init__`` runs. The function is then looked for in the module's source (top-level ``def``,
 ``class``, assignment or import). Only when the source cannot answer (a C extension, a
 ``from x import *``, a module ``__getattr__``, a name made at run time) is the module imported
@@ -29,6 +29,7 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from runner.errors import PlanError
+from runner.gates.modules import root_spec
 from runner.plan.load import PlanDocument
 from runner.plan.schema import Phase
 
@@ -58,8 +59,8 @@ def check_calls(doc: PlanDocument, phase: Phase, repo_root: Path) -> None:
 
 
 def call_problem(target: str, search: list[str]) -> tuple[str, str] | None:
-    """Why ``module:function`` cannot be called from folders ``search``, with a fix; ``None``
-    when it can (or when that cannot be told without running the code)."""
+    """Why ``module:function`` cannot be called from folders ``search`` (the repository root
+    first), with a fix; ``None`` when it can (or when that cannot be told without running it)."""
     module_name, _, function = target.partition(":")
     spec, problem = _find_module(module_name, search)
     if problem is not None or spec is None:
@@ -85,9 +86,11 @@ def _find_module(name: str, search: list[str]) -> tuple[ModuleSpec | None, tuple
         prefix = ".".join(parts[:depth])
         if path is None:
             return None, None  # a module, not a package (os.path): only an import can tell
-        spec = importlib.machinery.PathFinder.find_spec(prefix, path)
-        if spec is None and depth == 1:
-            spec = _builtin_spec(prefix)
+        if depth == 1:  # the repository root first, as the gate's child takes it
+            spec = root_spec(prefix, search[0]) or importlib.machinery.PathFinder.find_spec(prefix, path)
+            spec = spec or _builtin_spec(prefix)
+        else:
+            spec = importlib.machinery.PathFinder.find_spec(prefix, path)
         if spec is None:
             relative = "/".join(parts[:depth])
             return None, (

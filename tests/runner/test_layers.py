@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-RUNNER = Path(__file__).resolve().parents[2] / "runner"
+import runner
+
+RUNNER = Path(runner.__file__).resolve().parent  # the installed runner, or this checkout's
 
 # The foundation: imports nothing of the runner but these (a gate imports gatekit).
 BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.gates",
