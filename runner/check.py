@@ -21,6 +21,7 @@ from runner.records.machine import MachineInfo
 from runner.plan.order import plan_run
 from runner.gates.preflight import check_calls
 from runner.records.places import check_outputs
+from runner.records.binding import gate_definitions
 from runner.records.results import PhaseResults, ResultsFile, combine_outcomes
 from runner.runs import PhaseStartFn, ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
 from runner.plan.schema import Phase, Plan
@@ -111,7 +112,7 @@ def check_phases(
             keep_going=keep_going,
             on_start=on_start,
         )
-        results = PhaseResults(phase=phase.id, gates=gates)
+        results = PhaseResults(phase=phase.id, gates=gates, definitions=gate_definitions(phase))
         phase_results.append(results)
         if results.outcome == "BLOCKED":
             messages.append(f"{phase.id}: blocked; {finish_elsewhere_hint(phase, steps)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -130,21 +131,16 @@ def _parse_int(text: str) -> int:
     return value
 
 
+_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
 def _max_depth(text: str) -> int:
-    """The deepest nesting of ``[``/``{`` outside strings (a scan, no recursion)."""
+    """The deepest nesting of ``[``/``{`` outside strings. A regular-expression scan: each string
+    is one match, so a file of a few large strings (artifacts) costs no Python loop per byte."""
     depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
+    for token in _STRUCTURE.finditer(text):
+        char = token.group()
+        if char in "[{":
             depth += 1
             deepest = max(deepest, depth)
         elif char in "]}":

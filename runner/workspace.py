@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.repo.fingerprint import tree_fingerprint
+from runner.repo.fingerprint import TreeState, tree_state
 from runner.plan.load import PlanDocument, find_plan, load_plan
 from runner.plan.schema import Plan
 
@@ -58,7 +58,11 @@ class Workspace:
             return str(self.plan_path)
 
     def fingerprint(self, also_exclude: Sequence[Path] = ()) -> str:
-        """The tree fingerprint, without the plan file and ``reports/``.
+        """The tree fingerprint, without the plan file and ``reports/`` (``tree_state``)."""
+        return self.tree_state(also_exclude).fingerprint
+
+    def tree_state(self, also_exclude: Sequence[Path] = ()) -> TreeState:
+        """The tree's files and fingerprint, without the plan file and ``reports/``.
 
         ``also_exclude`` names the runner's own files for this command (a results file, a logs
         folder): those inside the root are left out too, so writing or copying them into the
@@ -70,7 +74,7 @@ class Workspace:
                 exclude.append(Path(path).resolve().relative_to(self.root.resolve()).as_posix())
             except ValueError:
                 continue  # outside the tree: not part of the fingerprint anyway
-        return tree_fingerprint(self.root, exclude=exclude)
+        return tree_state(self.root, exclude=exclude)
 
     def reload(self) -> Workspace:
         return Workspace(self.root, self.plan_path, load_plan(self.plan_path))

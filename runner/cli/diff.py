@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +9,7 @@ import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
 from runner.errors import ExitCode, UsageError
-from runner.formatting import format_metric, table_cell, text_columns
+from runner.formatting import format_metric, json_text, table_cell, text_columns
 from runner.views.history import resolve_run
 from runner.views.diff import MetricDelta, diff_runs
 from runner.workspace import open_workspace
@@ -47,7 +46,7 @@ def diff(
         result = diff_runs(ws.plan, resolve_run(ws, old), resolve_run(ws, new), labels=(old, new), root=ws.root)
     code = ExitCode.GATE_FAILED if result.regressions else ExitCode.OK
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        typer.echo(json_text(result.to_json()))
         raise typer.Exit(int(code))
     rows = [row for row in result.rows if show_all or row.notable]
     hidden = len(result.rows) - len(rows)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
-from runner.formatting import format_metric, short, text_columns
+from runner.formatting import format_metric, json_text, short, text_columns
 from runner.views.history import RunRecord, describe_machine, find_runs, plan_checkpoints
 from runner.records.run_folder import headline_metrics
 from runner.plan.schema import Plan
@@ -33,12 +32,12 @@ def history(
         scan = find_runs(ws.root, ws.plan.id, phase)
         checkpoints = [c for c in plan_checkpoints(ws) if phase is None or c.phase == phase]
     if as_json:
-        typer.echo(json.dumps({
+        typer.echo(json_text({
             "plan": {"id": ws.plan.id, "path": ws.plan_rel},
             "runs": [{**run.to_json(ws.root), "headline": _headline(ws.plan, run)} for run in scan.runs],
             "checkpoints": [record.to_json() for record in checkpoints],
             "skipped": scan.skipped,
-        }, indent=2))
+        }))
         return
     lines = [f"plan {ws.plan.id} ({ws.plan_rel})", "", "runs:"]
     if scan.runs:

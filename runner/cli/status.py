@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +10,7 @@ import typer
 from rich.table import Table
 
 from runner.cli._common import PLAN_HELP, domain_errors, stdout_console
-from runner.formatting import format_metric
+from runner.formatting import format_metric, json_text
 from runner.views.history import PhaseRuns, describe_phase, find_runs, phase_runs
 from runner.records.run_folder import headline_metrics
 from runner.views.status import StatusView, plan_status
@@ -26,7 +25,10 @@ def status(
     with domain_errors():
         ws = open_workspace(plan)
         view = plan_status(ws)
-        runs = phase_runs(find_runs(ws.root, ws.plan.id))
+        scan = find_runs(ws.root, ws.plan.id)
+        runs = phase_runs(scan)
+    for problem in scan.skipped:
+        typer.echo(f"runner: warning: {problem}", err=True)
     described = {p.id: describe_phase(p.status, runs.get(p.id), socket.gethostname()) for p in view.phases}
     headline = {p.id: _headline(ws, p.id, p.checkpoint, runs.get(p.id)) for p in view.phases}
     if as_json:
@@ -36,7 +38,7 @@ def status(
             phase["headline"] = headline[phase["id"]][0]
             phase["headline_source"] = headline[phase["id"]][1]
             phase["runs"] = _runs_json(runs.get(phase["id"]))
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(json_text(data))
         return
     console = stdout_console()
     if console.is_terminal:

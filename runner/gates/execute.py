@@ -7,8 +7,9 @@ prints gigabytes cannot fill the disk). On a timeout
 or an interrupt the whole group gets SIGTERM, then SIGKILL after a grace period; when the
 gate's main process exits on its own, members of its group that are still running (a
 forgotten ``sleep 1000 &``) are ended the same way. A process that starts a new session of
-its own (``setsid`` after a double fork) leaves the group and is out of reach: it keeps
-running, and the runner stops reading its output once the gate is over.
+its own (``setsid`` after a double fork) leaves the group; once orphaned it is adopted by the
+runner (a child subreaper, ``runner.gates.procgroup``), which ends it after the gate and says so
+in the gate's reason and log. The runner stops reading the gate's output once the gate is over.
 
 A gate killed by SIGKILL that the runner did not send is reported as ``killed by SIGKILL (out
 of memory?)``: the kernel's out-of-memory killer is the usual sender.
@@ -39,13 +40,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import runner
 from runner.gates import output as gateoutput
 from runner.gates.log import HEAD_BYTES, CappedLog, OutputPump
-from runner.gates.procgroup import end_group, with_parent_death_signal
+from runner.gates.procgroup import adopt_orphans, end_escaped, end_group, own_children, with_parent_death_signal
 from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
 from runner.records.results import GateResult
 from runner.timeutil import iso_ms
@@ -129,6 +131,7 @@ def run_gate(
             reason=verdict.reason,
             metrics=verdict.metrics,
             checks=verdict.checks,
+            targets=verdict.targets,
             started=started,
             duration_s=round(time.monotonic() - t0, 3),
             exit_code=verdict.exit_code,
@@ -140,8 +143,11 @@ def run_gate(
 
     scratch = Path(tempfile.mkdtemp(prefix="runner-gate-"))
     try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_bytes(b"")
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_bytes(b"")
+        except OSError as exc:
+            return result(Verdict("ERROR", f"could not create its log {log_path}: {exc.strerror or exc}"))
         try:
             argv = _command(gate)
         except ValueError as exc:
@@ -154,6 +160,8 @@ def run_gate(
 
         log = CappedLog(log_path)
         read_fd, write_fd = os.pipe()
+        adopt_orphans()  # a process the gate starts in a new session comes back to us, see procgroup
+        children_before = own_children()
         try:
             proc = subprocess.Popen(
                 with_parent_death_signal(argv),
@@ -177,25 +185,36 @@ def run_gate(
         except subprocess.TimeoutExpired:
             timed_out = True
             end_group(proc, grace_s)
+            escaped = end_escaped(children_before, grace_s)
             pump.stop()
             _note(log, f"timed out after {timeout:g} s; its process group was ended")
         except BaseException:
             end_group(proc, grace_s)
+            end_escaped(children_before, grace_s)
             pump.stop()
             _note(log, "interrupted; the gate's process group was ended")
             log.close()
             raise
         else:
             leftover = end_group(proc, grace_s)
+            escaped = end_escaped(children_before, grace_s)
             pump.stop()
             if leftover:
                 _note(log, f"ended {leftover} process(es) the gate left running")
+        if escaped:
+            _note(log, f"ended {len(escaped)} process(es) that left the gate's process group: {', '.join(escaped)}")
         artifacts = _read_artifacts(files.artifacts, log)
         if log.elided:
             _note(log, f"the log keeps the first and last {HEAD_BYTES >> 20} MiB of the output")
         log.close()
 
-        return result(judge(gate, proc.returncode, timed_out, timeout, files), artifacts)
+        verdict = judge(gate, proc.returncode, timed_out, timeout, files)
+        if escaped:
+            verdict = replace(verdict, reason=(
+                f"{verdict.reason}; it left {len(escaped)} process(es) running outside its process "
+                f"group (started in a new session), which the runner ended: {', '.join(escaped)}"
+            ))
+        return result(verdict, artifacts)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

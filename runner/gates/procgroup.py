@@ -13,10 +13,15 @@ What ends a gate, and what cannot be prevented:
   runs no cleanup) takes the gate's main process with it. The kernel sends that signal when
   the *thread* that started the gate ends, so gates must be started from a thread that lives
   as long as they do (the runner starts them from the main thread).
-* Not preventable: the gate's other processes do not get that signal (only the main one),
-  and a process that leaves the group (``setsid``, a double fork) is out of reach of both
-  ``killpg`` and the parent-death signal, as is a process that resets its own
-  ``PR_SET_PDEATHSIG``. A gate that must not leave processes behind has to end them itself.
+* A process that leaves the group (``setsid sleep 600 &``, a double fork) is out of reach of
+  ``killpg``. On Linux the runner makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``,
+  ``adopt_orphans``): such a process, orphaned when its parent exits, becomes the runner's child
+  instead of init's, so after the gate the runner finds it among its own children
+  (``end_escaped``), ends its group and reports it. Children the runner had before the gate
+  started are never touched.
+* Not preventable: while the runner lives, an escaped process whose parent is still alive
+  is not reparented yet; after a SIGKILL of the runner, the gate's other processes do not get
+  the parent-death signal (only the main one), nor does an escaped one.
 """
 
 from __future__ import annotations
@@ -127,3 +132,102 @@ def group_members(pgid: int) -> list[int]:
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
             members.append(int(entry.name))
     return members
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> bool:
+    """Make this process the child subreaper of its descendants (Linux); whether it is one.
+
+    Orphans of the gate (a daemon in a new session) are then reparented here, not to init.
+    Idempotent; ``False`` where ``prctl`` is not there or refuses.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def own_children() -> set[int]:
+    """The live processes whose parent is this process (from ``/proc``; empty without it)."""
+    me, children = os.getpid(), set()
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return children
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] not in (b"Z", b"X"):
+            children.add(int(entry.name))
+    return children
+
+
+def end_escaped(before: set[int], grace_s: float) -> list[str]:
+    """End the processes adopted since ``before`` was taken (``own_children``): escaped from a
+    gate's group and orphaned, they are this process's children now. Each one's own group gets
+    SIGTERM, then SIGKILL after ``grace_s``; the ended processes are reaped. Returns ``"pid
+    (name)"`` of each one found."""
+    escaped = sorted(own_children() - before)
+    if not escaped:
+        return []
+    names = [f"{pid} ({_name(pid)})" for pid in escaped]
+    own_group = os.getpgrp()
+    groups = {pid: _group_of(pid) for pid in escaped}
+    for pid, group in groups.items():
+        if group not in (None, own_group):
+            signal_group(group, signal.SIGTERM)
+        else:
+            _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_reap(pid) for pid in escaped):
+        time.sleep(_POLL_S)
+    for pid, group in groups.items():
+        if _reap(pid):
+            if group not in (None, own_group):
+                signal_group(group, signal.SIGKILL)
+            _kill(pid, signal.SIGKILL)
+    kill_deadline = time.monotonic() + _KILL_WAIT_S
+    while time.monotonic() < kill_deadline and any(_reap(pid) for pid in escaped):
+        time.sleep(_POLL_S)
+    return names
+
+
+def _reap(pid: int) -> bool:
+    """Reap ``pid`` if it ended; whether it is still running."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _kill(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() or "?"
+    except OSError:
+        return "?"

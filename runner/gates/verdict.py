@@ -1,7 +1,10 @@
 """Turn what a gate process did (exit status, status file, metrics file) into its outcome.
 
+Targets (``targets:``) are checked like thresholds and recorded, but never enter the verdict.
+
 Precedence: a timeout, then a callable that could not be loaded (ERROR) or raised (FAIL), then
-a signal, then a non-zero exit, then unreadable metrics (ERROR), then thresholds. A SIGKILL the
+a signal, then a non-zero exit, then a callable whose child exited 0 without its status line
+(ERROR: the function never ran), then unreadable metrics (ERROR), then thresholds. A SIGKILL the
 runner did not send is reported as ``killed by SIGKILL (out of memory?)``: the runner sends it
 only after a timeout or an interrupt, so the kernel's out-of-memory killer is the usual sender.
 """
@@ -28,6 +31,7 @@ class Verdict:
     reason: str
     metrics: dict[str, Any] = field(default_factory=dict)
     checks: list[MetricCheck] = field(default_factory=list)
+    targets: list[MetricCheck] = field(default_factory=list)
     exit_code: int | None = None
     signal: str | None = None
 
@@ -39,7 +43,9 @@ def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, fi
     metrics, metrics_problem = _read_metrics(files.metrics)
     expect = getattr(gate, "expect", None) or {}
     checks = check_thresholds(expect, metrics) if metrics_problem is None else []
-    fields = {"metrics": metrics, "checks": checks, "exit_code": exit_code, "signal": sig_name}
+    targets = check_thresholds(getattr(gate, "targets", None) or {}, metrics) if metrics_problem is None else []
+    fields = {"metrics": metrics, "checks": checks, "targets": targets, "exit_code": exit_code,
+              "signal": sig_name}
     status = (
         gateoutput.read_status(files.status, callgate.EXIT_CODES) if getattr(gate, "call", None) else None
     )
@@ -54,6 +60,13 @@ def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, fi
         return Verdict("FAIL", f"killed by {_maybe_oom(sig_name)}", **fields)
     if returncode != 0:
         return Verdict("FAIL", _exit_reason(gate, returncode), **fields)
+    if getattr(gate, "call", None) and status is None:
+        return Verdict(
+            "ERROR",
+            "the callable's process exited with code 0 without reporting that the function ran: "
+            "something ended the process first (os._exit or sys.exit while its module was imported?)",
+            **fields,
+        )
     if metrics_problem is not None:
         return Verdict("ERROR", metrics_problem, **fields)
     failed = [check for check in checks if not check.ok]

@@ -24,7 +24,8 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
 from runner.errors import PlanError, UsageError
-from runner.plan.schema import Plan
+from runner.formatting import one_line
+from runner.plan.schema import ID_PATTERN, ID_RULE, Plan
 
 PlanFormat = Literal["markdown", "yaml"]
 
@@ -140,7 +141,7 @@ def _parse_plan(text: str, *, path: Path, format: PlanFormat) -> PlanDocument:
             column=1,
         )
     try:
-        plan = Plan.model_validate(_to_plain(data, path=path))
+        plan = Plan.model_validate(_to_plain(data, path=path, line_offset=line_offset))
     except ValidationError as error:
         raise _plan_error_from_validation(error, data, path=path, line_offset=line_offset) from None
     section = _find_status_section(text, body_start, path) if format == "markdown" else None
@@ -243,18 +244,23 @@ def _load_yaml(yaml_text: str, *, path: Path, line_offset: int) -> Any:
         raise PlanError(f"YAML error: {error}", path=path, line=line_offset + 1) from None
 
 
-def _to_plain(data: Any, *, path: Path) -> Any:
-    """Copy ruamel's round-trip objects into plain dicts, lists and scalars for pydantic."""
+def _to_plain(data: Any, *, path: Path, line_offset: int = 0) -> Any:
+    """Copy ruamel's round-trip objects into plain dicts, lists and scalars for pydantic.
+
+    A string holding a lone surrogate (``"\\ud800"``: a YAML escape that names no character)
+    is refused at its position: no file, terminal or commit could take it later. A surrogate
+    pair (``"\\ud83d\\ude00"``, as JSON writes one character) is read as that character.
+    """
     budget = [_MAX_NODES]
 
-    def convert(value: Any, depth: int) -> Any:
+    def convert(value: Any, loc: tuple[Any, ...]) -> Any:
         budget[0] -= 1
-        if budget[0] < 0 or depth > _MAX_DEPTH:
+        if budget[0] < 0 or len(loc) > _MAX_DEPTH:
             raise PlanError("the plan is too large or nested too deeply (recursive alias?)", path=path)
         if isinstance(value, dict):
-            return {key: convert(item, depth + 1) for key, item in value.items()}
+            return {_text(key, loc): convert(item, (*loc, key)) for key, item in value.items()}
         if isinstance(value, list):
-            return [convert(item, depth + 1) for item in value]
+            return [convert(item, (*loc, index)) for index, item in enumerate(value)]
         if isinstance(value, (bool, ScalarBoolean)):
             return bool(value)
         if isinstance(value, int):
@@ -262,10 +268,29 @@ def _to_plain(data: Any, *, path: Path) -> Any:
         if isinstance(value, float):
             return float(value)
         if isinstance(value, str):
+            return _text(value, loc)
+        return value
+
+    def _text(value: Any, loc: tuple[Any, ...]) -> Any:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                try:  # "\\ud83d\\ude00" (JSON's way to write one character): join the pair
+                    return value.encode("utf-16", "surrogatepass").decode("utf-16")
+                except UnicodeDecodeError:
+                    pass
+                _, (line, column), _ = _walk(data, loc)
+                raise PlanError(
+                    f"the text '{one_line(value)[:60]}' holds a lone surrogate "
+                    "(an escape such as \\ud800 that names no character)",
+                    path=path, line=line + line_offset + 1, column=column + 1, key=_key_path(loc) or None,
+                    hint="write the character itself, or a \\U escape of a real code point",
+                ) from None
             return str(value)
         return value
 
-    return convert(data, 0)
+    return convert(data, ())
 
 
 # --- pydantic errors -> PlanError ---------------------------------------------------------
@@ -308,6 +333,8 @@ def _describe(detail: Any, data: Any, *, path: Path, line_offset: int) -> PlanEr
         choices = [str(choice) for choice in get_args(_type_at(loc))]
         message = f"{detail['input']!r} is not one of {', '.join(choices)}"
         hint = hint or _closest_hint(str(detail["input"]), choices, "choices")
+    elif kind == "string_pattern_mismatch" and detail["ctx"].get("pattern") == ID_PATTERN:
+        message = f"{detail['input']!r} is not a valid id: use {ID_RULE}"
     elif kind.endswith("_type") and len(found) == len(loc):
         message = f"{message[0].lower()}{message[1:]}, got {_type_name(detail['input'])}"
         if kind == "string_type" and not isinstance(detail["input"], (dict, list)):

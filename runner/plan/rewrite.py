@@ -80,6 +80,20 @@ def render_updates(doc: PlanDocument, updates: dict[str, PhaseUpdate]) -> str:
     return new_text
 
 
+_SAMPLE_CHECKPOINT = Checkpoint(
+    tag="plan/phase", base="0" * 40, fingerprint="sha256:" + "0" * 64, time="2000-01-01T00:00:00Z",
+    report="reports/plan/phase/run/report.md", metrics={"metric": 1.0},
+)
+
+
+def check_rewritable(doc: PlanDocument, phase_id: str) -> None:
+    """``PlanError`` now, before any gate runs, when the runner could not record an outcome of
+    ``phase_id`` in the plan's bytes (a phase written as a flow mapping ``{id: ..., ...}``, a
+    status that is not a one-line scalar): every update a run may make is rendered and dropped."""
+    for update in (PhaseUpdate("failed"), PhaseUpdate("blocked"), PhaseUpdate("complete", _SAMPLE_CHECKPOINT)):
+        render_updates(doc, {phase_id: update})
+
+
 def render_status_section(plan: Plan) -> str:
     """A Markdown table of every phase (``\\n`` line endings, ends with a newline)."""
     rows = ["| phase | title | status | checkpoint | time | headline metrics |", "|---|---|---|---|---|---|"]
@@ -353,7 +367,12 @@ _YAML_WORDS = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "nan
 
 
 def _checkpoint_data(checkpoint: Checkpoint) -> dict[str, Any]:
-    return checkpoint.model_dump(mode="python")
+    """The record as written in the plan; ``open_targets`` only when a target was left open,
+    so a plan without targets keeps the record it always had."""
+    data = checkpoint.model_dump(mode="python")
+    if not data["open_targets"]:
+        del data["open_targets"]
+    return data
 
 
 def _checkpoint_lines(checkpoint: Checkpoint, indent: int) -> list[str]:

@@ -32,7 +32,10 @@ PhaseStatus = Literal["pending", "complete", "failed", "blocked"]
 GATE_KINDS: tuple[GateKind, ...] = get_args(GateKind)
 PHASE_STATUSES: tuple[PhaseStatus, ...] = get_args(PhaseStatus)
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# Letters, digits, "_", "." and "-", neither first nor last a "." or "-": an id is its own folder
+# name under reports/ (``safe_name(id) == id``) and part of a git tag name.
+ID_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$"
+ID_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit and not ending in '.' or '-'"
 CALL_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
@@ -82,9 +85,11 @@ class _Model(BaseModel):
 class Gate(_Model):
     """One check of a phase: a shell command (``run``) or a Python callable (``call``).
 
-    ``expect`` maps metrics to the thresholds a pass needs; ``tolerance`` maps metrics to the
-    relative change for the worse (``0.05`` or ``"5%"``) that ``runner diff`` accepts before it
-    calls a run a regression against a baseline from the same machine.
+    ``expect`` maps metrics to the thresholds a pass needs; ``targets`` maps metrics to what
+    the team aims at, in the same syntax: a missed target is shown with its gap and never
+    changes a verdict. ``tolerance`` maps metrics to the relative change for the worse
+    (``0.05`` or ``"5%"``) that ``runner diff`` accepts before it calls a run a regression
+    against a baseline from the same machine.
     """
 
     name: Identifier
@@ -96,6 +101,7 @@ class Gate(_Model):
     requires: list[str] = Field(default_factory=list)
     timeout: float = Field(default=3600.0, gt=0)
     expect: dict[str, Threshold] = Field(default_factory=dict)
+    targets: dict[str, Threshold] = Field(default_factory=dict)
     tolerance: dict[str, Tolerance] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -119,8 +125,17 @@ class Gate(_Model):
         return self
 
 
+class OpenTarget(_Model):
+    """A target a checkpoint left open: the target and the value the run reached (``None``
+    when the gate did not report the metric)."""
+
+    target: Threshold
+    value: MetricValue | None = None
+
+
 class Checkpoint(_Model):
-    """What the runner records in a phase when it checkpoints it (see ARCHITECTURE.md)."""
+    """What the runner records in a phase when it checkpoints it (see ARCHITECTURE.md);
+    ``open_targets`` names the targets of the phase's gates that the checkpointed run missed."""
 
     tag: str
     base: str
@@ -128,6 +143,7 @@ class Checkpoint(_Model):
     time: Annotated[str, BeforeValidator(_timestamp_to_text)]
     report: str
     metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    open_targets: dict[str, OpenTarget] = Field(default_factory=dict)
 
 
 class Phase(_Model):

@@ -1,8 +1,10 @@
 """Metric thresholds written in a plan as ``"<op> <number>"`` strings.
 
-A gate's ``expect`` mapping holds thresholds such as ``speedup: ">= 1.5"``. This module
-parses them, checks metric values against them and lets pydantic validate and serialize
-them as plain strings, so ``expect: dict[str, Threshold]`` round-trips through YAML.
+A gate's ``expect`` mapping holds thresholds such as ``speedup: ">= 1.5"`` (what a pass needs),
+its ``targets`` mapping the same syntax (what the team aims at). This module parses them,
+checks metric values against them, says how far a value is from one (``gap``) and lets pydantic
+validate and serialize them as plain strings, so ``dict[str, Threshold]`` round-trips through
+YAML. The number must be finite as written: ``1e309`` reads as infinity and is refused.
 """
 
 from __future__ import annotations
@@ -71,7 +73,13 @@ class Threshold:
                 f">=, <=, >, <, ==, != and a finite number, e.g. {_EXAMPLE}"
             )
         op, number = match["op"], match["number"]
-        return cls(op=op, value=float(number), text=f"{op} {number}")
+        value = float(number)
+        if not math.isfinite(value):
+            raise ValueError(
+                f"cannot read threshold {text!r}: {number} is beyond the range of a float and "
+                "would read as infinite; thresholds are finite numbers"
+            )
+        return cls(op=op, value=value, text=f"{op} {number}")
 
     def check(self, value: object) -> bool:
         """Whether ``value`` satisfies this threshold.
@@ -85,6 +93,18 @@ class Threshold:
         if math.isnan(number):
             return False
         return _COMPARATORS[self.op](number, self.value)
+
+    def gap(self, value: object) -> float | None:
+        """How far ``value`` is from meeting this threshold: 0 when it does, the distance to
+        the bound when it does not (``>= 0.8`` with 0.63: 0.17), ``None`` when no distance
+        says it (not a finite number, or a missed ``!=``)."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            return None
+        if self.check(value):
+            return 0.0
+        if self.op == "!=":
+            return None
+        return abs(float(value) - self.value)
 
     def __str__(self) -> str:
         return self.text

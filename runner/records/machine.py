@@ -33,7 +33,9 @@ import socket
 import subprocess
 import sys
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from runner.formatting import CONTROL_CHARS, one_line
 
 DEVICES_ENV = "RUNNER_DEVICES"
 
@@ -97,6 +99,18 @@ class MachineInfo(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("hostname", "platform", "arch", "python", "gpu_name", "driver", "cuda", "torch", "triton",
+                     "devices")
+    @classmethod
+    def _plain(cls, value: object) -> object:
+        """No control characters: a machine read from a results file (written anywhere) is printed
+        by the views and written into commit messages."""
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and CONTROL_CHARS.search(text):
+                raise ValueError(f"holds a control character (a line break or a terminal escape): "
+                                 f"{one_line(text)[:60]}")
+        return value
 
     hostname: str
     platform: str

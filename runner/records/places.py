@@ -31,9 +31,9 @@ def check_paths(doc: PlanDocument, phase: Phase, repo_root: Path) -> None:
 
 
 def check_reports(repo_root: Path, reports_dir: str, run_parent: Path, plan_rel: str, *, git: bool) -> None:
-    """``UsageError`` unless the run's folder (under ``run_parent``) would lie inside the
-    repository and, in a git repository, neither the plan nor the reports folder is ignored
-    (the checkpoint commits both)."""
+    """``UsageError`` unless the run's folder (under ``run_parent``) could be made: inside the
+    repository, below a folder (not a file) that can be written, and, in a git repository,
+    neither the plan nor the reports folder ignored (the checkpoint commits both)."""
     root = Path(os.path.realpath(repo_root))
     probe = Path(run_parent)
     while not probe.exists() and probe != probe.parent:
@@ -49,6 +49,13 @@ def check_reports(repo_root: Path, reports_dir: str, run_parent: Path, plan_rel:
             break
     if not _inside(Path(os.path.realpath(probe)), root):
         raise UsageError(f"the reports folder {run_parent} lies outside the repository {root}")
+    if not probe.is_dir():
+        raise UsageError(
+            f"{probe} is a file where the runner keeps its reports ({reports_dir}/<plan>/<phase>/); "
+            "move it away or rename it"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{probe} is not writable (a read-only mount?); the run's report could not be written there")
     if not git:
         return
     for rel, what in ((plan_rel, "the plan"), (f"{reports_dir}/x", f"the {reports_dir}/ folder")):

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
 
 from runner.atomic import write_atomic
+from runner.formatting import CONTROL_CHARS, format_metric, one_line
+from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS
 from runner.errors import ResultsError
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
+from runner.plan.schema import ID_PATTERN
 from runner.records.machine import MachineInfo
 from runner.timeutil import iso_ms
 
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
 RESULTS_SCHEMA = 1
 MAX_RESULTS_BYTES = 64 << 20
 MAX_RESULTS_DEPTH = 16
+_ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
 
 Outcome = Literal["PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"]
 MetricValue = bool | int | float | str | None
@@ -35,12 +41,39 @@ MetricValue = bool | int | float | str | None
 _MODEL_CONFIG = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
 
+RUN_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{8}$"
+FINGERPRINT_PATTERN = r"^sha256:[0-9a-f]{64}$"
+_UTC_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?Z")
+
+
+def _utc_time(value: str) -> str:
+    """``2026-11-29T23:50:00Z`` (milliseconds allowed) that is a real moment."""
+    try:
+        if _UTC_TIME.fullmatch(value):
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+            return value
+    except ValueError:
+        pass
+    raise ValueError(f"expected a UTC time like 2026-11-29T23:50:00Z, got {value[:40]!r}")
+
+
+def _plain_text(value: str) -> str:
+    if CONTROL_CHARS.search(value):
+        raise ValueError(f"holds a control character (a line break or a terminal escape): {one_line(value)[:60]}")
+    return value
+
+
+UtcTime = Annotated[str, AfterValidator(_utc_time)]
+PlainText = Annotated[str, AfterValidator(_plain_text)]
+
+
 class MetricCheck(BaseModel):
-    """One ``expect`` entry checked against the reported metrics.
+    """One ``expect`` (or ``targets``) entry checked against the reported metrics.
 
     ``threshold`` is the threshold's text (``">= 1.5"``); ``value`` is what the gate reported
     (``None`` when it reported nothing); ``reason`` says why the check failed, or restates the
-    comparison when it held.
+    comparison when it held; ``gap`` is how far the value is from the threshold (0 when met,
+    ``None`` when no distance says it: see ``Threshold.gap``).
     """
 
     model_config = _MODEL_CONFIG
@@ -50,6 +83,14 @@ class MetricCheck(BaseModel):
     value: MetricValue
     ok: bool
     reason: str
+    gap: float | None = None
+
+    @property
+    def shortfall(self) -> str:
+        """``met``, ``0.17 short`` or ``not met``: how a view says where a value stands."""
+        if self.ok:
+            return "met"
+        return f"{format_metric(self.gap)} short" if self.gap is not None else "not met"
 
 
 class GateResult(BaseModel):
@@ -59,24 +100,30 @@ class GateResult(BaseModel):
     ``signal`` the name of the signal that ended it (both ``None`` when no process ran);
     ``log`` is the log's path relative to the report directory (``None`` when no process
     ran) and ``log_tail`` the last lines of that log. ``artifacts`` maps the names of the
-    small text files the gate wrote to ``$RUNNER_ARTIFACTS`` to their contents.
+    small text files the gate wrote to ``$RUNNER_ARTIFACTS`` to their contents; in a run folder
+    the text is in files next to ``results.json`` instead, named in ``artifact_files``
+    (``runner.records.run_folder.read_artifacts`` reads both). ``checks`` are
+    the gate's ``expect`` thresholds, which decide its outcome; ``targets`` its ``targets``,
+    which never do (a missed target is shown with its gap, nothing more).
     """
 
     model_config = _MODEL_CONFIG
 
-    name: str
+    name: Annotated[str, StringConstraints(pattern=ID_PATTERN)]
     kind: str
     outcome: Outcome
     reason: str
     metrics: dict[str, MetricValue]
     checks: list[MetricCheck]
-    started: str
+    started: UtcTime
     duration_s: float
     exit_code: int | None
     signal: str | None
     log: str | None
     log_tail: str
     artifacts: dict[str, str] = {}
+    artifact_files: dict[str, str] = {}
+    targets: list[MetricCheck] = []
 
     @classmethod
     def not_run(cls, gate: object, outcome: Outcome, reason: str) -> GateResult:
@@ -103,6 +150,8 @@ class PhaseResults(BaseModel):
 
     ``outcome`` may be omitted (it is derived with ``combine_outcomes``); when given it must
     equal the derived value, so a hand-edited results file cannot claim a pass.
+    ``definitions`` are the phase's gates as the run saw them in the plan
+    (``runner.records.binding``; ``None`` in files written before they were recorded).
     """
 
     model_config = _MODEL_CONFIG
@@ -110,6 +159,7 @@ class PhaseResults(BaseModel):
     phase: str
     outcome: Outcome = "PASS"
     gates: list[GateResult]
+    definitions: dict[str, dict[str, Any]] | None = None
 
     @model_validator(mode="after")
     def _derive_outcome(self) -> PhaseResults:
@@ -124,17 +174,23 @@ class PhaseResults(BaseModel):
 
 
 class ResultsFile(BaseModel):
-    """A run's results, bound to the tree fingerprint and the machine they were measured on."""
+    """A run's results, bound to the tree fingerprint and the machine they were measured on.
+
+    The fields the views print and the run's folder is named after are held to the forms the
+    runner writes (a run id ``20261129T235000Z-1a2b3c4d``, a UTC time, a ``sha256:`` fingerprint,
+    no control characters), so a file written by hand cannot crash a view or reach a terminal
+    with an escape sequence.
+    """
 
     model_config = _MODEL_CONFIG
 
     results_schema: int = RESULTS_SCHEMA
-    tool: str
-    plan_id: str
-    plan_path: str
-    run_id: str
-    created: str
-    fingerprint: str
+    tool: PlainText
+    plan_id: Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+    plan_path: PlainText
+    run_id: Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)]
+    created: UtcTime
+    fingerprint: Annotated[str, StringConstraints(pattern=FINGERPRINT_PATTERN)]
     machine: MachineInfo
     phases: list[PhaseResults]
 
@@ -213,6 +269,23 @@ def consistency_problems(results: ResultsFile) -> list[str]:
                 problems.append(f"{where}: {gate.outcome} but a process ran (exit code or signal recorded)")
             if gate.exit_code is not None and gate.signal is not None:
                 problems.append(f"{where}: both an exit code and a signal")
+            problems += [f"{where}: {problem}" for problem in _artifact_problems(gate)]
+    return problems
+
+
+def _artifact_problems(gate: GateResult) -> list[str]:
+    """Artifacts no gate run by the runner could have left: more than ``MAX_ARTIFACTS``, over
+    ``MAX_ARTIFACT_BYTES``, or names that are not plain (the same limits as a local run)."""
+    problems = []
+    names = [*gate.artifacts, *gate.artifact_files]
+    if len(names) > MAX_ARTIFACTS:
+        problems.append(f"{len(names)} artifacts, over the limit of {MAX_ARTIFACTS}")
+    problems += [f"artifact name {name[:60]!r} is not letters, digits and ._-" for name in names
+                 if not _ARTIFACT_NAME.fullmatch(name)][:3]
+    problems += [f"artifact file {file_name[:60]!r} is not a plain file name"
+                 for file_name in gate.artifact_files.values() if not _ARTIFACT_NAME.fullmatch(file_name)][:3]
+    too_big = [name for name, text in gate.artifacts.items() if len(text.encode("utf-8", "surrogatepass")) > MAX_ARTIFACT_BYTES]
+    problems += [f"artifact {name[:60]!r} is over the {MAX_ARTIFACT_BYTES}-byte limit" for name in too_big[:3]]
     return problems
 
 
@@ -254,7 +327,7 @@ def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:
 def check_thresholds(
     expect: Mapping[str, Threshold], metrics: Mapping[str, object]
 ) -> list[MetricCheck]:
-    """Check every ``expect`` entry, in order, against ``metrics``.
+    """Check every ``expect`` (or ``targets``) entry, in order, against ``metrics``.
 
     A metric that was not reported fails (it never defaults to 0); so do ``null``, NaN,
     infinite, boolean and string values, each with its own reason.
@@ -272,14 +345,22 @@ def check_thresholds(
         problem = _not_a_number(value)
         if problem is None:
             ok = bool(threshold.check(value))
-            reason = f"{value!r} {text}" if ok else f"{value!r} is not {text}"
+            shown = _shown(value, threshold, ok)
+            reason = f"{shown} {text}" if ok else f"{shown} is not {text}"
         else:
             ok, reason = False, problem
         checks.append(
             MetricCheck(metric=metric, threshold=text, value=_as_metric_value(value), ok=ok,
-                        reason=reason)
+                        reason=reason, gap=threshold.gap(value))
         )
     return checks
+
+
+def _shown(value: float, threshold: Threshold, ok: bool) -> str:
+    """``value`` to four significant digits, unless the rounded text would read as the
+    opposite verdict (0.99996 is not ``>= 1``, yet rounds to 1): then every digit."""
+    text = format_metric(float(value))
+    return text if threshold.check(float(text)) == ok else repr(value)
 
 
 def _not_a_number(value: object) -> str | None:

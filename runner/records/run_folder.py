@@ -13,13 +13,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from runner.formatting import MARKDOWN_FILTERS, format_metric, table_cell
+from runner.formatting import MARKDOWN_FILTERS, format_metric, one_line, table_cell
+from runner.gates.protocol import MAX_ARTIFACT_BYTES
 from runner.records.results import GateResult, ResultsFile
 from runner.plan.schema import Phase, Plan
 from runner.templating import template_env
+from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 from runner.workspace import safe_name
 
 TEMPLATE = "report.md.j2"
+RESULTS = "results.json"
 RUN_META = "run.json"
 ROLES = ("run", "evidence")
 
@@ -45,18 +48,19 @@ class RunMeta:
 
 
 def read_run_meta(run_dir: Path) -> RunMeta:
-    """The run's ``run.json``; runs written before it existed (or a damaged one) read as a
-    recorded ``run``."""
+    """The run's ``run.json``; runs written before it existed (or a damaged one, a FIFO, a
+    huge file) read as a recorded ``run``."""
     try:
-        data = json.loads((Path(run_dir) / RUN_META).read_bytes()[:65536])
-    except (OSError, ValueError):
+        raw = read_bounded(Path(run_dir) / RUN_META, 65536, what=RUN_META)
+        data = parse_json(raw, what=RUN_META) if raw is not None else None
+    except UntrustedFileError:
         return RunMeta()
     if not isinstance(data, dict):
         return RunMeta()
     role = data.get("role") if data.get("role") in ROLES else "run"
     recorded = data.get("recorded") if isinstance(data.get("recorded"), bool) else role == "run"
     reason = data.get("reason") if isinstance(data.get("reason"), str) else ""
-    return RunMeta(role, recorded and role == "run", reason[:500])
+    return RunMeta(role, recorded and role == "run", one_line(reason[:500]))
 
 
 @dataclass(frozen=True)
@@ -83,18 +87,76 @@ def artifact_file_name(gate: str, name: str) -> str:
 
 def write_report(run_dir: Path, results: ResultsFile, context: ReportContext) -> Path:
     """Write ``results.json``, the artifacts and ``report.md`` into ``run_dir``; return the
-    path of ``report.md``."""
+    path of ``report.md``.
+
+    The artifacts' text goes to their own files (``artifact_file_name``); ``results.json``
+    names them in ``artifact_files`` instead of repeating the text, so the views that read
+    every run (``status``, ``history``) never read an artifact. A run the plan does not record
+    (``RunMeta.recorded`` false, not evidence) is ignored by git (``hide_from_git``).
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    results.dump(run_dir / "results.json")
     for phase_results in results.phases:
         for gate in phase_results.gates:
             for name, text in gate.artifacts.items():
                 _write_text(run_dir / artifact_file_name(gate.name, name), text)
+    _stored(results).dump(run_dir / RESULTS)
     _write_text(run_dir / RUN_META, json.dumps(asdict(context.meta), indent=2) + "\n")
+    if not context.meta.recorded and not context.meta.evidence:
+        hide_from_git(run_dir)
     report = run_dir / "report.md"
     _write_text(report, render_report(results, context, run_dir=run_dir))
     return report
+
+
+def mark_unrecorded(run_dir: Path, reason: str) -> None:
+    """After the fact: the plan does not record the run in ``run_dir`` (its checkpoint was
+    refused), so ``run.json`` says why and git ignores the folder. Best effort."""
+    try:
+        _write_text(Path(run_dir) / RUN_META, json.dumps(asdict(RunMeta(recorded=False, reason=reason[:500])),
+                                                          indent=2) + "\n")
+        hide_from_git(Path(run_dir))
+    except OSError:
+        pass
+
+
+def hide_from_git(folder: Path) -> None:
+    """A ``.gitignore`` holding ``*`` in ``folder``: git ignores the folder and the file itself
+    (what pytest does with its cache), so a run kept only on this machine leaves ``git status``
+    clean; ``git add -f`` still adds it."""
+    _write_text(Path(folder) / ".gitignore", "# A run the plan does not record: kept here, ignored by git.\n*\n")
+
+
+def read_artifacts(run_dir: Path, gate: GateResult) -> dict[str, str]:
+    """The gate's artifacts by name: held in the results (a results file, a run written before
+    artifacts moved to their own files), else read back from their files in ``run_dir`` (each
+    bounded, a regular file, UTF-8; one that is not is left out)."""
+    if gate.artifacts or not gate.artifact_files:
+        return dict(gate.artifacts)
+    found = {}
+    for name, file_name in gate.artifact_files.items():
+        try:
+            data = read_bounded(Path(run_dir) / file_name, MAX_ARTIFACT_BYTES, what="artifact")
+            if data is not None:
+                found[name] = data.decode("utf-8")
+        except (UntrustedFileError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def _stored(results: ResultsFile) -> ResultsFile:
+    """``results`` as a run folder keeps them: each artifact named by its file, not repeated."""
+    phases = []
+    for phase_results in results.phases:
+        gates = [
+            gate.model_copy(update={
+                "artifacts": {},
+                "artifact_files": {name: artifact_file_name(gate.name, name) for name in gate.artifacts},
+            }) if gate.artifacts else gate
+            for gate in phase_results.gates
+        ]
+        phases.append(phase_results.model_copy(update={"gates": gates}))
+    return results.model_copy(update={"phases": phases})
 
 
 def render_report(results: ResultsFile, context: ReportContext, *, run_dir: Path | None = None) -> str:

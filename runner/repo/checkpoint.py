@@ -31,6 +31,7 @@ Text that goes into the commit and tag messages is reduced to one line each
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -214,15 +215,24 @@ def make_checkpoint(
     plan_before: bytes,
     plan_text: Callable[[bytes], str],
     paths: Sequence[str],
+    tested: Mapping[str, str],
     message: str,
     tag: str,
     tag_message: str,
     expected_head: str,
     expected_branch: str | None = None,
+    evidence: Sequence[str] = (),
     notes: list[str] | None = None,
 ) -> str:
-    """Commit ``plan_rel`` (as ``plan_text`` renders it) and ``paths`` (as they are in the work
-    tree) on ``expected_head``, tag it ``tag`` and return the commit's sha (module docstring).
+    """Commit ``plan_rel`` (as ``plan_text`` renders it), ``paths`` and ``evidence`` (as they are
+    in the work tree) on ``expected_head``, tag it ``tag`` and return the commit's sha (module
+    docstring).
+
+    ``tested`` maps every file of the tree the gates ran on to the sha256 (hex) of its content
+    (``TreeState.files``). What ``paths`` contribute to the commit must be exactly that: a file
+    under them that changed, appeared or vanished after the tree was fingerprinted (an edit
+    after the gates' last fingerprint, a hook) is refused (``GitError``, nothing changed).
+    ``evidence`` (the run's report folder, written by the runner itself) is committed as is.
 
     ``plan_before`` is the plan's bytes when the gates started. ``plan_text(current_bytes)``
     returns the new plan text; it is called with the plan's bytes as they are now, so when
@@ -258,7 +268,9 @@ def make_checkpoint(
         raise GitError(f"cannot record the checkpoint in {plan_rel}{edited}: {exc}") from exc
     new_bytes = new_text.encode("utf-8")
     branch = expected_branch or current_branch(root) or ""
-    other = [p for p in (str(p) for p in paths) if p not in (plan_rel, commit_rel)]
+    checked = list(dict.fromkeys(p for p in (str(p) for p in paths) if p not in (plan_rel, commit_rel)))
+    unchecked = [p for p in dict.fromkeys(str(p) for p in evidence) if p not in (plan_rel, commit_rel, *checked)]
+    other = checked + unchecked
     folder = git_dir(root)
     stamp = f"{os.getpid()}-{uuid.uuid4().hex}"
     index = folder / f"runner-index-{stamp}"
@@ -271,6 +283,13 @@ def make_checkpoint(
             run_git(root, "read-tree", expected_head, env=scratch)
             if other:
                 run_git(root, "add", "-A", "--", *other, env=scratch)
+            untested = _untested(root, scratch, expected_head, checked, tested, skip=[commit_rel, *unchecked])
+            if untested:
+                raise GitError(
+                    "the tree changed after the gates' last fingerprint, so the commit would hold "
+                    f"what they did not test ({'; '.join(untested[:10])}); nothing was committed: "
+                    "run advance again on a tree that nobody edits meanwhile"
+                )
             mode = _plan_mode(root, plan_path)
             run_git(root, "update-index", "--add", "--cacheinfo", f"{mode},{plan_blob},{commit_rel}", env=scratch)
             tree = git_output(root, "write-tree", env=scratch)
@@ -309,6 +328,62 @@ def make_checkpoint(
         write_atomic_bytes(plan_path, new_bytes)
         _step("done")
     return new
+
+
+def _untested(
+    root: Path, scratch: Mapping[str, str], base: str, paths: Sequence[str], tested: Mapping[str, str],
+    *, skip: Sequence[str],
+) -> list[str]:
+    """How the entries under ``paths`` in the private index differ from the tested tree: a file
+    whose content is not the tested one, a file the fingerprint did not see that differs from
+    ``base`` (created afterwards), a tested file that is gone. Submodules and ``skip`` (the plan,
+    the run's own report) are not compared."""
+    if not paths:
+        return []
+
+    def under(rel: str, folders: Sequence[str]) -> bool:
+        return any(f in (".", "") or rel == f or rel.startswith(f.rstrip("/") + "/") for f in folders)
+
+    staged = _entries(git_output(root, "ls-files", "-s", "-z", "--", *paths, env=scratch), stage=True)
+    before = _entries(git_output(root, "ls-tree", "-r", "-z", base, "--", *paths), stage=False)
+    staged = {rel: entry for rel, entry in staged.items() if not under(rel, skip) and entry[0] != "160000"}
+    digests = _blob_digests(root, {oid for _, oid in staged.values()})
+    problems = []
+    for rel, (mode, oid) in sorted(staged.items()):
+        if rel in tested:
+            if digests.get(oid) != tested[rel]:
+                problems.append(f"{rel} changed")
+        elif (mode, oid) != before.get(rel):
+            problems.append(f"{rel} is not in the tested tree")
+    problems += [f"{rel} was removed" for rel in sorted(tested) if under(rel, paths) and not under(rel, skip)
+                 and rel not in staged]
+    return problems
+
+
+def _entries(listing: str, *, stage: bool) -> dict[str, tuple[str, str]]:
+    """``path -> (mode, object id)`` from ``ls-files -s -z`` (``stage``) or ``ls-tree -r -z``."""
+    found = {}
+    for record in filter(None, listing.split("\0")):
+        meta, _, rel = record.partition("\t")
+        fields = meta.split()
+        found[rel] = (fields[0], fields[1] if stage else fields[2])
+    return found
+
+
+def _blob_digests(root: Path, oids: Iterable[str]) -> dict[str, str]:
+    """The sha256 (hex) of each blob's content, read in one ``cat-file --batch``."""
+    wanted = sorted(oids)
+    if not wanted:
+        return {}
+    data = run_git(root, "cat-file", "--batch", input=("\n".join(wanted) + "\n").encode()).stdout
+    digests, cursor = {}, 0
+    for oid in wanted:
+        header_end = data.index(b"\n", cursor)
+        _, kind, size = data[cursor:header_end].decode().split()
+        start = header_end + 1
+        digests[oid] = hashlib.sha256(data[start : start + int(size)]).hexdigest()
+        cursor = start + int(size) + 1
+    return digests
 
 
 def _plan_mode(root: Path, plan_path: Path) -> str:

@@ -25,7 +25,7 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,22 +35,39 @@ _CHUNK = 1 << 20
 _LOCK_FALLBACK = ".runner.lock"  # runner.lock.FALLBACK_NAME
 
 
-def tree_fingerprint(root: Path, exclude: Iterable[str] = ()) -> str:
-    """``"sha256:<hex>"`` over the tree's files, in sorted POSIX relative path order.
+@dataclass(frozen=True)
+class TreeState:
+    """The tree as fingerprinted: ``fingerprint`` and, per file, the sha256 (hex) of what was
+    hashed (``files``), so a later step can prove that what it commits is what was tested."""
 
-    For each file the hash takes its path bytes, NUL, the sha256 digest of its content (of
-    its target string for a symbolic link), NUL. ``exclude`` lists POSIX paths relative to
+    fingerprint: str
+    files: Mapping[str, str]
+
+
+def tree_fingerprint(root: Path, exclude: Iterable[str] = ()) -> str:
+    """``"sha256:<hex>"`` over the tree's files (``tree_state``)."""
+    return tree_state(root, exclude).fingerprint
+
+
+def tree_state(root: Path, exclude: Iterable[str] = ()) -> TreeState:
+    """The tree's files and fingerprint, in sorted POSIX relative path order.
+
+    For each file the fingerprint takes its path bytes, NUL, the sha256 digest of its content
+    (of its target string for a symbolic link), NUL. ``exclude`` lists POSIX paths relative to
     ``root`` (or absolute paths inside it) to leave out; a directory leaves out everything
     under it.
     """
     root = Path(root)
     digest = hashlib.sha256()
+    files: dict[str, str] = {}
     for rel in fingerprint_files(root, exclude):
+        content = _content_digest(root / rel)
+        files[rel] = content.hex()
         digest.update(os.fsencode(rel))
         digest.update(b"\0")
-        digest.update(_content_digest(root / rel))
+        digest.update(content)
         digest.update(b"\0")
-    return "sha256:" + digest.hexdigest()
+    return TreeState("sha256:" + digest.hexdigest(), files)
 
 
 def fingerprint_files(root: Path, exclude: Iterable[str] = ()) -> list[str]:

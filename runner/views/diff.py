@@ -236,10 +236,7 @@ def _side(label: str, run: RunRecord, root: Path | None) -> DiffSide:
 
 
 def _json_row(row: MetricDelta) -> dict:
+    """One row for ``--json`` (non-finite values are made JSON by ``formatting.json_text``)."""
     data = asdict(row)
     data["notable"] = row.notable
-    for key in ("old", "new"):
-        value = data[key]
-        if isinstance(value, float) and not math.isfinite(value):
-            data[key] = str(value)  # JSON has no NaN; say what it was
     return data

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from runner.errors import ResultsError, UsageError
+from runner.formatting import CONTROL_CHARS, one_line
 from runner.records.machine import MachineInfo
 from runner.records.run_folder import RunMeta, read_run_meta
 from runner.records.results import Outcome, PhaseResults, ResultsFile, combine_outcomes
@@ -142,22 +143,45 @@ def display_path(path: Path, root: Path | None) -> str:
 
 def find_runs(root: Path, plan_id: str, phase: str | None = None) -> RunScan:
     """Every ``reports/<plan>/<phase>/<run-id>/results.json`` of the plan (of one phase when
-    ``phase`` is given), oldest first; unreadable files are listed in ``skipped``."""
+    ``phase`` is given), oldest first.
+
+    What the runner did not write is skipped and named in ``skipped``, never a crash: a folder
+    whose name is not printable UTF-8, a results file that does not load, a run whose results
+    hold no phase of the folder it lies in (copied from another phase).
+    """
     plan_dir = Path(root) / REPORTS_DIR / safe_name(plan_id)
-    phase_dirs = [plan_dir / safe_name(phase)] if phase else sorted(plan_dir.glob("*"))
+    phase_dirs = [plan_dir / safe_name(phase)] if phase else sorted(p for p in plan_dir.glob("*") if p.is_dir())
     runs: list[RunRecord] = []
     skipped: list[str] = []
     for phase_dir in phase_dirs:
         for path in sorted(phase_dir.glob(f"*/{RESULTS_NAME}")):
+            shown = display_path(path, root)
+            if not _plain_name(phase_dir.name) or not _plain_name(path.parent.name):
+                skipped.append(f"{one_line(shown)}: a folder name that is not printable UTF-8; skipped")
+                continue
             try:
                 results = ResultsFile.load(path)
             except ResultsError as error:
                 skipped.append(str(error))
                 continue
+            if phase_dir.name not in {p.phase for p in results.phases}:
+                held = ", ".join(p.phase for p in results.phases)
+                skipped.append(f"{shown}: holds the results of phase {held}, not of {phase_dir.name} "
+                               "whose folder it lies in (copied?); skipped")
+                continue
             runs.append(RunRecord(path=path, results=results, phase=phase_dir.name,
                                   meta=read_run_meta(path.parent)))
     runs.sort(key=lambda run: (run.created, run.run_id, run.phase or ""))
     return RunScan(runs, skipped)
+
+
+def _plain_name(name: str) -> bool:
+    """A folder name the views can print and link: valid UTF-8, no control characters."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a non-UTF-8 byte, read as a lone surrogate
+        return False
+    return not CONTROL_CHARS.search(name)
 
 
 def latest_runs(scan: RunScan) -> dict[str, RunRecord]:

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import runner
+from runner.atomic import write_atomic
+from runner.errors import ReportError
 from runner.formatting import format_metric, short
 from runner.views.history import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
 from runner.views.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.records.places import check_reports
 from runner.gates.protocol import PLOT_SUFFIX
-from runner.records.run_folder import headline_metrics
+from runner.records.run_folder import headline_metrics, read_artifacts
 from runner.records.results import GateResult
 from runner.plan.schema import Phase
 from runner.views.status import PhaseView, plan_status
@@ -83,16 +85,33 @@ def write_html_report(ws: Workspace, out: Path) -> Path:
     An ``out`` inside the repository's ``reports/`` folder (the default) is checked as the
     runs' folders are (``runner.records.places.check_reports``): one that a symbolic link there
     leads outside the repository is refused with ``UsageError``. A path elsewhere is written
-    wherever it leads: the user named it.
+    wherever it leads: the user named it. The page at the default place is generated, so git is
+    told to ignore it (``ignore_default_page``). A disk that refuses the page is a ``ReportError``.
     """
     out = Path(out)
     target = Path(os.path.abspath(out))
     if _in_reports(ws.root, target):
         check_reports(ws.root, REPORTS_DIR, target.parent, ws.plan_rel, git=False)
     text = render_html_report(ws, out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    try:
+        write_atomic(out, text, make_parents=True)
+        if target == Path(os.path.abspath(ws.root / DEFAULT_OUT)):
+            ignore_default_page(target.parent)
+    except OSError as exc:
+        raise ReportError(f"cannot write {out}: {exc.strerror or exc}") from None
     return out
+
+
+def ignore_default_page(reports: Path) -> None:
+    """A ``reports/.gitignore`` that ignores the generated page and itself, so ``runner report``
+    leaves ``git status`` clean; made only when ``reports/`` has no ``.gitignore`` of its own."""
+    try:
+        fd = os.open(reports / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(f"# Written by `runner report`: the page is made from the runs (git add -f keeps it).\n"
+                     f"/{DEFAULT_OUT.name}\n/.gitignore\n")
 
 
 def _in_reports(root: Path, target: Path) -> bool:
@@ -126,7 +145,7 @@ def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, summary
         gates = phase_results.gates
         report = latest.path.parent / "report.md"
         latest_link = _link(report if report.is_file() else latest.path, out_dir)
-        plots, plot_notes = _artifact_plots(gates)
+        plots, plot_notes = _artifact_plots(latest.path.parent, gates)
     plots += _history_plots(spec, runs, checkpoint_run)
     others = []
     for what, run in (("blocked", summary.blocked), ("evidence", summary.evidence)):
@@ -138,11 +157,11 @@ def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, summary
                         others)
 
 
-def _artifact_plots(gates: list[GateResult]) -> tuple[list[Plot], list[str]]:
+def _artifact_plots(run_dir: Path, gates: list[GateResult]) -> tuple[list[Plot], list[str]]:
     """Every ``*.plot.json`` artifact of these gates drawn, and a note per skipped part."""
     plots, notes = [], []
     for gate in gates:
-        for name, text in sorted(gate.artifacts.items()):
+        for name, text in sorted(read_artifacts(run_dir, gate).items()):
             if not name.endswith(PLOT_SUFFIX):
                 continue
             source = f"{gate.name}: {name}"

@@ -32,9 +32,10 @@ def junit_xml(results: ResultsFile) -> str:
         }
         time = sum(gate.duration_s for gate in phase.gates)
         suite = ET.SubElement(
-            suites, "testsuite", name=f"{results.plan_id}/{phase.phase}",
-            timestamp=results.created, hostname=results.machine.hostname, time=f"{time:.3f}",
-            **{key: str(value) for key, value in counts.items()},
+            suites, "testsuite", _attributes(
+                name=f"{results.plan_id}/{phase.phase}", timestamp=results.created,
+                hostname=results.machine.hostname, time=f"{time:.3f}", **counts,
+            ),
         )
         properties = ET.SubElement(suite, "properties")
         for name, value in (
@@ -44,7 +45,7 @@ def junit_xml(results: ResultsFile) -> str:
             ("gpu", results.machine.gpu_name or "none"),
             ("outcome", phase.outcome),
         ):
-            ET.SubElement(properties, "property", name=name, value=value)
+            ET.SubElement(properties, "property", _attributes(name=name, value=value))
         for gate in phase.gates:
             _testcase(suite, f"{results.plan_id}.{phase.phase}", gate)
         for key in totals:
@@ -58,21 +59,24 @@ def junit_xml(results: ResultsFile) -> str:
 
 
 def _testcase(suite: ET.Element, classname: str, gate: GateResult) -> None:
-    case = ET.SubElement(suite, "testcase", classname=classname, name=gate.name, time=f"{gate.duration_s:.3f}")
-    if gate.metrics or gate.checks:
+    case = ET.SubElement(suite, "testcase", _attributes(classname=classname, name=gate.name,
+                                                        time=f"{gate.duration_s:.3f}"))
+    if gate.metrics or gate.checks or gate.targets:
         properties = ET.SubElement(case, "properties")
-        ET.SubElement(properties, "property", name="kind", value=gate.kind)
-        for name, value in gate.metrics.items():
-            ET.SubElement(properties, "property", name=name, value=format_metric(value))
-        for check in gate.checks:
-            ET.SubElement(properties, "property", name=f"expect.{check.metric}", value=check.threshold)
+        pairs = [("kind", gate.kind)]
+        pairs += [(name, format_metric(value)) for name, value in gate.metrics.items()]
+        pairs += [(f"expect.{check.metric}", check.threshold) for check in gate.checks]
+        for check in gate.targets:  # a target never fails the testcase; its gap is a property
+            pairs += [(f"target.{check.metric}", check.threshold), (f"target_gap.{check.metric}", check.shortfall)]
+        for name, value in pairs:
+            ET.SubElement(properties, "property", _attributes(name=name, value=value))
     message = f"{gate.outcome}: {gate.reason}"
     if gate.outcome == "FAIL":
-        ET.SubElement(case, "failure", message=message, type=gate.outcome).text = _details(gate)
+        ET.SubElement(case, "failure", _attributes(message=message, type=gate.outcome)).text = _details(gate)
     elif gate.outcome == "ERROR":
-        ET.SubElement(case, "error", message=message, type=gate.outcome).text = _details(gate)
+        ET.SubElement(case, "error", _attributes(message=message, type=gate.outcome)).text = _details(gate)
     elif gate.outcome in ("BLOCKED", "SKIPPED"):
-        ET.SubElement(case, "skipped", message=message)
+        ET.SubElement(case, "skipped", _attributes(message=message))
     if gate.log_tail:
         ET.SubElement(case, "system-out").text = _xml_safe(gate.log_tail)
 
@@ -85,9 +89,18 @@ def _details(gate: GateResult) -> str:
     return _xml_safe("\n".join(parts))
 
 
+def _attributes(**values: object) -> dict[str, str]:
+    """Attribute values made safe for XML 1.0 (a metric name may hold any character)."""
+    return {key: _xml_safe(str(value)) for key, value in values.items()}
+
+
 def _xml_safe(text: str) -> str:
-    """Drop the control characters XML 1.0 cannot hold (a gate's log may contain any)."""
-    return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20)
+    """Drop what XML 1.0 cannot hold: control characters but tab and line breaks, lone
+    surrogates, U+FFFE and U+FFFF (a gate's log or a metric name may contain any)."""
+    return "".join(
+        ch for ch in text
+        if ch in "\t\n\r" or (0x20 <= ord(ch) < 0xD800) or (0xE000 <= ord(ch) < 0xFFFE) or ord(ch) >= 0x10000
+    )
 
 
 def summary_markdown(results: ResultsFile) -> str:

@@ -17,9 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from runner.formatting import one_line
 from runner.gates.protocol import PLOT_FORMAT
 
-SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate"}
+# Labels come from gates: "$" is a dollar sign, not TeX (``context ($\\mus$)`` must not raise).
+SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate", "text.parse_math": False}
 SCALES = ("linear", "log")
 
 
@@ -109,10 +111,19 @@ def read_plot_document(data: object) -> tuple[PlotSpec | None, list[str]]:
 
 
 def declared_plot(data: object, *, source: str = "") -> tuple[Plot | None, list[str]]:
-    """Draw a ``runner.plot/1`` object: the plot (``None`` when unusable) and notes on what was skipped."""
+    """Draw a ``runner.plot/1`` object: the plot (``None`` when unusable) and notes on what was
+    skipped. Never raises: a figure the plotting library cannot draw is a note too."""
     spec, notes = read_plot_document(data)
     if spec is None:
         return None, notes
+    try:
+        with _style():
+            return _draw(spec, source), notes
+    except Exception as exc:  # noqa: BLE001 - the promise: a gate's artifact never breaks the report
+        return None, [*notes, f"could not be drawn ({type(exc).__name__}: {one_line(exc)[:200]})"]
+
+
+def _draw(spec: PlotSpec, source: str) -> Plot:
     fig, ax = _figure()
     for line in spec.series:
         xs, ys = zip(*line.points)
@@ -127,7 +138,7 @@ def declared_plot(data: object, *, source: str = "") -> tuple[Plot | None, list[
     if spec.y.scale == "log":
         ax.set_yscale("log")
     suffix = f" ({source})" if source else ""
-    return Plot(spec.title + suffix, _finish(fig, ax)), notes
+    return Plot(spec.title + suffix, _finish(fig, ax))
 
 
 def _read_axis(raw: object) -> tuple[AxisSpec | None, str]:
@@ -170,6 +181,11 @@ def _powers_of_two(spec: PlotSpec) -> bool:
 def metric_history_plot(metric: str, points: Sequence[Point], *, threshold: tuple[str, float] | None = None,
                         title: str | None = None) -> Plot:
     """``metric`` across runs (x: run time); checkpoints drawn as stars; the threshold dotted."""
+    with _style():
+        return _history(metric, points, threshold, title)
+
+
+def _history(metric: str, points: Sequence[Point], threshold: tuple[str, float] | None, title: str | None) -> Plot:
     fig, ax = _figure(height=2.6)
     ordered = sorted(points, key=lambda point: point.time)
     ax.plot([p.time for p in ordered], [p.value for p in ordered], marker="o", label=metric)
@@ -187,6 +203,14 @@ def metric_history_plot(metric: str, points: Sequence[Point], *, threshold: tupl
     return Plot(title or metric, _finish(fig, ax))
 
 
+def _style():
+    """The settings every figure is made and saved under (``SVG_RC``): text objects take
+    ``text.parse_math`` when they are created, so the whole drawing runs inside it."""
+    import matplotlib
+
+    return matplotlib.rc_context(SVG_RC)
+
+
 def _figure(height: float = 3.6):
     import matplotlib
 
@@ -198,14 +222,11 @@ def _figure(height: float = 3.6):
 
 
 def _finish(fig, ax) -> str:
-    import matplotlib
-
     ax.grid(True, which="major", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     buffer = io.StringIO()
-    with matplotlib.rc_context(SVG_RC):
-        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    fig.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
     return text[text.index("<svg"):]
 

@@ -175,8 +175,8 @@ def test_gate_that_did_not_run_is_not_run_not_removed(tmp_path):
 
     repo = make_repo(tmp_path / "repo", tolerant_phases({}))
     plan = load_plan(repo.plan).plan
-    old = _record("r1", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 1.0})])
-    new = _record("r2", [_gate("check", "BLOCKED", {})])
+    old = _record("20261201T100000Z-00000001", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 1.0})])
+    new = _record("20261201T100000Z-00000002", [_gate("check", "BLOCKED", {})])
     result = diff_runs(plan, old, new)
     assert {row.verdict for row in result.rows} == {"not run"}
 
@@ -186,8 +186,8 @@ def test_noise_without_threshold_is_hidden_by_default(tmp_path):
 
     repo = make_repo(tmp_path / "repo", tolerant_phases({}))
     plan = load_plan(repo.plan).plan
-    old = _record("r1", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.0, "n": 5})])
-    new = _record("r2", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.2, "n": 9})])
+    old = _record("20261201T100000Z-00000001", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.0, "n": 5})])
+    new = _record("20261201T100000Z-00000002", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.2, "n": 9})])
     shown = {row.metric for row in diff_runs(plan, old, new).rows if row.notable}
     assert shown == {"speedup", "errors", "n"}  # thresholds always; t_ms moved 0.2%: noise
 

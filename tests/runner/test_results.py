@@ -31,8 +31,8 @@ def gate(name: str, outcome: str = "PASS", **metrics) -> GateResult:
 
 
 def results(*phases: PhaseResults) -> ResultsFile:
-    return ResultsFile(tool="mla-gate 0.1.0", plan_id="p", plan_path="plans/p.md", run_id="r1",
-                       created="2024-05-01T10:00:00Z", fingerprint="sha256:00",
+    return ResultsFile(tool="mla-gate 0.1.0", plan_id="p", plan_path="plans/p.md", run_id="20240501T100000Z-00000000",
+                       created="2024-05-01T10:00:00Z", fingerprint="sha256:" + "0" * 64,
                        machine=MACHINE, phases=list(phases))
 
 
