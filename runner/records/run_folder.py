@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runner.formatting import MARKDOWN_FILTERS, format_metric, one_line, table_cell
 from runner.gates.protocol import MAX_ARTIFACT_BYTES
-from runner.records.results import GateResult, ResultsFile
+from runner.records.results import GateResult, MetricCheck, ResultsFile, check_thresholds
 from runner.plan.schema import Phase, Plan
 from runner.templating import template_env
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
@@ -194,6 +194,18 @@ def headline_metrics(phase: Phase, gates: list[GateResult]) -> dict[str, bool | 
                 found[name] = value
                 break
     return found
+
+
+def target_checks(phase: Phase, gates: list[GateResult]) -> list[MetricCheck]:
+    """The phase's targets as the plan states them now, checked against what its gates
+    measured (a run older than a target is still measured against it); gates that did not run
+    (blocked, skipped, absent) are left out: nothing was measured."""
+    ran = {gate.name: gate for gate in gates if gate.outcome not in ("BLOCKED", "SKIPPED")}
+    return [
+        check
+        for spec in phase.gates if spec.targets and spec.name in ran
+        for check in check_thresholds(spec.targets, ran[spec.name].metrics)
+    ]
 
 
 @dataclass(frozen=True)

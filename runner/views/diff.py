@@ -24,6 +24,7 @@ from typing import Literal
 from runner.errors import UsageError
 from runner.views.history import RunRecord, describe_machine, display_path
 from runner.plan.schema import Gate, Plan
+from runner.plan.thresholds import Threshold
 
 Direction = Literal["higher", "lower"]
 Verdict = Literal[
@@ -38,7 +39,9 @@ _DIRECTIONS: dict[str, Direction] = {">=": "higher", ">": "higher", "<=": "lower
 @dataclass(frozen=True)
 class MetricDelta:
     """One metric in both runs. ``delta``/``delta_pct`` are ``None`` when not numeric (or
-    ``delta_pct`` when the old value is 0); ``tolerance`` is relative (0.05 = 5%)."""
+    ``delta_pct`` when the old value is 0); ``tolerance`` is relative (0.05 = 5%). ``target``
+    is the metric's target in the plan, with ``target_met`` and ``target_gap`` for the new
+    value (a target never makes a regression)."""
 
     phase: str
     gate: str
@@ -50,12 +53,20 @@ class MetricDelta:
     threshold: str | None
     tolerance: float | None
     verdict: Verdict
+    target: str | None = None
+    target_met: bool | None = None
+    target_gap: float | None = None
 
     @property
     def notable(self) -> bool:
-        """Shown without ``--all``: a metric with a threshold, or a real change."""
-        if self.threshold is not None:
+        """Shown without ``--all``: a metric with a threshold or a target, or a real change of
+        one both runs report; never a metric whose gate did not run in one of them."""
+        if self.verdict == "not run":
+            return False
+        if self.threshold is not None or self.target is not None:
             return True
+        if self.verdict in ("added", "removed"):
+            return False
         if self.verdict == "unchanged":
             return False
         if self.verdict == "changed" and self.delta is not None:
@@ -77,10 +88,15 @@ class DiffSide:
     @property
     def title(self) -> str:
         """``20261130T…-a7576174 (2026-11-30T00:15:25Z, vm: NVIDIA H200)``, with ``evidence``."""
+        return f"{self.run_id} ({self.detail})"
+
+    @property
+    def detail(self) -> str:
+        """``2026-11-30T00:15:25Z, vm: NVIDIA H200`` (and ``evidence``): the run beside its id."""
         extra = ""
         if self.role == "evidence":
             extra = f"; evidence{', ' + self.reason if self.reason else ''}"
-        return f"{self.run_id} ({self.time}, {self.machine}{extra})"
+        return f"{self.time}, {self.machine}{extra}"
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,11 @@ class MetricsDiff:
     @property
     def regressions(self) -> list[MetricDelta]:
         return [row for row in self.rows if row.verdict == "regression"]
+
+    @property
+    def worse_untolerated(self) -> list[MetricDelta]:
+        """Changes for the worse that no declared tolerance judges (so none is a regression)."""
+        return [row for row in self.rows if row.verdict == "worse"]
 
     @property
     def note(self) -> str:
@@ -137,16 +158,19 @@ def diff_runs(plan: Plan, old: RunRecord, new: RunRecord, *, labels: tuple[str, 
             new_value is _MISSING and (phase, gate_name) not in ran_new)
         spec = _gate_spec(plan, phase, gate_name)
         threshold = spec.expect.get(metric) if spec is not None else None
+        target = spec.targets.get(metric) if spec is not None else None
         tolerance = spec.tolerance.get(metric) if spec is not None else None
+        steer = threshold or target  # which way is better: the threshold's, else the target's
         rows.append(
             compare_metric(
                 phase, gate_name, metric,
                 old_value, new_value,
                 threshold=str(threshold) if threshold is not None else None,
-                direction=_DIRECTIONS.get(threshold.op) if threshold is not None else None,
+                direction=_DIRECTIONS.get(steer.op) if steer is not None else None,
                 tolerance=tolerance,
                 comparable=comparable,
                 not_run=not_run,
+                target=target,
             )
         )
     return MetricsDiff(
@@ -165,10 +189,10 @@ _MISSING = _Missing()
 def compare_metric(
     phase: str, gate: str, metric: str, old: object, new: object, *,
     threshold: str | None, direction: Direction | None, tolerance: float | None, comparable: bool,
-    not_run: bool = False,
+    not_run: bool = False, target: Threshold | None = None,
 ) -> MetricDelta:
     """One row of the diff; ``old``/``new`` are ``_MISSING`` when a run did not report it
-    (``not_run``: because the gate did not run in that run)."""
+    (``not_run``: because the gate did not run in that run); ``target`` is judged on ``new``."""
     delta = delta_pct = None
     if _is_number(old) and _is_number(new):
         delta = float(new) - float(old)
@@ -178,6 +202,9 @@ def compare_metric(
         phase=phase, gate=gate, metric=metric,
         old=None if old is _MISSING else old, new=None if new is _MISSING else new,
         delta=delta, delta_pct=delta_pct, threshold=threshold, tolerance=tolerance, verdict=verdict,
+        target=str(target) if target is not None else None,
+        target_met=target.check(new) if target is not None and new is not _MISSING else None,
+        target_gap=target.gap(new) if target is not None and new is not _MISSING else None,
     )
 
 

@@ -13,10 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from runner.errors import ResultsError, UsageError
-from runner.formatting import CONTROL_CHARS, one_line
+from runner.formatting import CONTROL_CHARS, format_metric, one_line
+from runner.plan.schema import Plan
+from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
-from runner.records.run_folder import RunMeta, read_run_meta
-from runner.records.results import Outcome, PhaseResults, ResultsFile, combine_outcomes
+from runner.records.results import MetricCheck, Outcome, PhaseResults, ResultsFile, check_thresholds, combine_outcomes
+from runner.records.run_folder import RunMeta, headline_metrics, read_run_meta, target_checks
 from runner.views.status import CheckpointView, plan_status
 from runner.workspace import REPORTS_DIR, Workspace, safe_name
 
@@ -329,4 +331,53 @@ def describe_phase(status: str, runs: PhaseRuns | None, hostname: str | None = N
     if evidence is not None:
         reason = f", {evidence.meta.reason}" if evidence.meta.reason else ""
         text += f"; evidence: {evidence.outcome} on {gpu_of(evidence.machine)} (run {evidence.folder}){reason}"
+    return text
+
+
+def phase_headline(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,
+                   runs: PhaseRuns | None) -> tuple[dict, str | None]:
+    """The phase's headline metrics and where they come from: its checkpoint, else the run that
+    explains its status (or the evidence that waits). What ``status`` and the report show."""
+    if checkpoint is not None and checkpoint.metrics:
+        return dict(checkpoint.metrics), f"checkpoint {checkpoint.tag}"
+    shown = runs.shown if runs is not None else None
+    if shown is None:
+        return {}, None
+    [results] = shown.phase_results()
+    metrics = headline_metrics(plan.phase(phase_id), results.gates)
+    return metrics, (f"run {shown.run_id}" if metrics else None)
+
+
+def phase_targets(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,
+                  runs: PhaseRuns | None) -> tuple[list[MetricCheck], str | None]:
+    """The phase's targets with where each stands, and where that comes from: the targets its
+    checkpoint left open (a complete phase), else the plan's targets checked against the run
+    that explains its status."""
+    if checkpoint is not None:
+        checks = [
+            check_thresholds({name: Threshold.parse(open_target["target"])},
+                             {} if open_target["value"] is None else {name: open_target["value"]})[0]
+            for name, open_target in checkpoint.open_targets.items()
+        ]
+        return checks, (f"checkpoint {checkpoint.tag}" if checks else None)
+    shown = runs.shown if runs is not None else None
+    if shown is None:
+        return [], None
+    [results] = shown.phase_results()
+    checks = target_checks(plan.phase(phase_id), results.gates)
+    return checks, (f"run {shown.run_id}" if checks else None)
+
+
+def describe_targets(checks: list[MetricCheck]) -> str:
+    """``1 of 3 met; open: x 0.63 (>= 0.80, 0.17 short)``: where targets stand, for a terminal."""
+    if not checks:
+        return ""
+    open_ones = [check for check in checks if not check.ok]
+    text = f"{len(checks) - len(open_ones)} of {len(checks)} met"
+    if open_ones:
+        text += "; open: " + ", ".join(
+            f"{one_line(check.metric)} {format_metric(check.value) if check.value is not None else 'not reported'} "
+            f"({check.threshold}, {check.shortfall})"
+            for check in open_ones
+        )
     return text

@@ -20,12 +20,20 @@ import runner
 from runner.atomic import write_atomic
 from runner.errors import ReportError
 from runner.formatting import format_metric, short
-from runner.views.history import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
+from runner.views.history import (
+    PhaseRuns,
+    RunRecord,
+    RunScan,
+    describe_machine,
+    find_runs,
+    phase_headline,
+    phase_runs,
+)
 from runner.views.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.records.places import check_reports
 from runner.gates.protocol import PLOT_SUFFIX
-from runner.records.run_folder import headline_metrics, read_artifacts
-from runner.records.results import GateResult
+from runner.records.run_folder import headline_metrics, read_artifacts, target_checks
+from runner.records.results import GateResult, MetricCheck
 from runner.plan.schema import Phase
 from runner.views.status import PhaseView, plan_status
 from runner.templating import template_env
@@ -50,6 +58,8 @@ class PhaseSection:
     plots: list[Plot] = field(default_factory=list)
     plot_notes: list[str] = field(default_factory=list)
     others: list[tuple[str, RunRecord, str]] = field(default_factory=list)  # (what, run, link)
+    headline: dict = field(default_factory=dict)  # as runner status shows it
+    targets: list[MetricCheck] = field(default_factory=list)  # the plan's targets against the latest run
 
     @property
     def latest_outcome(self) -> str | None:
@@ -153,8 +163,10 @@ def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, summary
             report = run.path.parent / "report.md"
             label = f"evidence ({run.meta.reason})" if what == "evidence" and run.meta.reason else what
             others.append((label, run, _link(report if report.is_file() else run.path, out_dir)))
+    headline, _ = phase_headline(ws.plan, spec.id, view.checkpoint, summary)
+    targets = target_checks(spec, gates) if latest is not None else []
     return PhaseSection(spec, view, report_link, len(runs), latest, latest_link, gates, plots, plot_notes,
-                        others)
+                        others, headline, targets)
 
 
 def _artifact_plots(run_dir: Path, gates: list[GateResult]) -> tuple[list[Plot], list[str]]:

@@ -6,7 +6,7 @@ commit cannot name its own hash, so the plan records the tag); elsewhere it is `
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from runner.errors import GitError
 from runner.repo import git
@@ -28,6 +28,7 @@ class CheckpointView:
     report: str
     commit: str | None
     metrics: dict[str, bool | int | float | str]
+    open_targets: dict[str, dict] = field(default_factory=dict)  # metric -> {target, value}
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -78,6 +79,7 @@ def plan_status(ws: Workspace) -> StatusView:
                 report=record.report,
                 commit=_tag_commit(ws, record.tag),
                 metrics=dict(record.metrics),
+                open_targets={name: target.model_dump(mode="json") for name, target in record.open_targets.items()},
             )
         phases.append(
             PhaseView(

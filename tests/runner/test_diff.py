@@ -201,3 +201,35 @@ def test_markdown_format(tmp_path, runner_env):
     assert "| phase | gate | metric |" in result.stdout and "**regression**" in result.stdout
     bad = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--format", "html")
     assert bad.exit_code == 2
+
+
+def test_not_run_rows_are_left_out_by_default_and_counted(tmp_path, runner_env):
+    """A CPU run that only blocked against a GPU run: every metric of the blocked gates is
+    "not run"; the default view names how many it left out instead of listing them."""
+    phases = tolerant_phases({})
+    repo = make_repo(tmp_path / "repo", phases, git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    blocked = results(run_id=NEW[0], created=NEW[1], gates=[
+        gate_result("build", "build"),
+        gate_result("check", outcome="BLOCKED", reason="needs cuda", exit_code=None, duration_s=0.0)])
+    write_run(repo.root, blocked)
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0])
+    assert "not run" not in [line.split()[-1] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert "2 metric(s) of gates that did not run in one of the runs" in result.stdout
+    assert "not run" in cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--all").stdout
+
+
+def test_markdown_header_names_each_run_once(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.8)
+    text = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--format", "markdown").stdout
+    assert f"- A: `{OLD[0]}` ({OLD[1]}, testhost: no GPU)" in text and "((" not in text
+
+
+def test_worse_without_a_tolerance_is_named_not_silently_no_regression(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.6)
+    last = cli(runner_env, repo.root, "diff", OLD[0], NEW[0]).stdout.splitlines()[-1]
+    assert last == "no regression; 1 metric(s) worse with no tolerance declared, so not judged: speedup"
