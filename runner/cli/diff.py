@@ -75,7 +75,7 @@ def _verdict_line(result: MetricsDiff) -> str:
     regressions, worse = result.regressions, result.worse_untolerated
     line = f"{len(regressions)} regression(s)" if regressions else "no regression"
     if worse:
-        names = ", ".join(one_line(row.metric) for row in worse[:5]) + (", ..." if len(worse) > 5 else "")
+        names = ", ".join(one_line(f"{row.gate}.{row.metric}") for row in worse[:5]) + (", ..." if len(worse) > 5 else "")
         line += f"; {len(worse)} metric(s) worse with no tolerance declared, so not judged: {names}"
     return line
 

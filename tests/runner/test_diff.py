@@ -232,4 +232,4 @@ def test_worse_without_a_tolerance_is_named_not_silently_no_regression(tmp_path,
     check_run(repo.root, *OLD, speedup=2.0)
     check_run(repo.root, *NEW, speedup=1.6)
     last = cli(runner_env, repo.root, "diff", OLD[0], NEW[0]).stdout.splitlines()[-1]
-    assert last == "no regression; 1 metric(s) worse with no tolerance declared, so not judged: speedup"
+    assert last == "no regression; 1 metric(s) worse with no tolerance declared, so not judged: check.speedup"
