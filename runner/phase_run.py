@@ -29,7 +29,8 @@ from runner.records.run_folder import ReportContext, RunMeta, write_report
 from runner.repo.fingerprint import TreeState
 from runner.runs import PhaseStartFn, ResultFn, RunContext, finish_elsewhere_hint, run_phase
 from runner.timeutil import iso_ms
-from runner.workspace import REPORTS_DIR, Workspace, safe_name
+from runner.records.run_folder import REPORTS_DIR, safe_name
+from runner.workspace import Workspace
 
 
 class GatesInterrupted(KeyboardInterrupt):
@@ -93,7 +94,7 @@ def run_or_import(
     """The phase's run with its folder made: imported from ``results_path`` or the gates run
     here. With ``evidence_reason`` the run is evidence for a phase that waits."""
     if results_path is not None:
-        imported = load_matching_results(ws, phase, results_path, fingerprint, evidence=evidence_reason is not None)
+        imported = load_matching_results(ws.plan, phase, results_path, fingerprint, evidence=evidence_reason is not None)
         run = RunContext(imported.run_id, imported.created, fingerprint, imported.machine).in_reports(ws, phase.id)
         source = f"results imported from {Path(results_path).name} (run {run.run_id} on {run.machine.hostname})"
         phase_results = imported.phase(phase.id)

@@ -24,7 +24,8 @@ from runner.plan.order import GateStep
 from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
 from runner.plan.schema import Phase
 from runner.timeutil import iso_time, utc_now
-from runner.workspace import REPORTS_DIR, Workspace, safe_name
+from runner.records.run_folder import REPORTS_DIR, safe_name
+from runner.workspace import Workspace
 
 ResultFn = Callable[[str, GateResult], None]
 """Called with (phase id, result) as soon as each gate's result is known."""

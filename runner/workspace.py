@@ -7,25 +7,14 @@ computes the tree fingerprint with the plan file and ``reports/`` left out. Read
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.records.run_folder import REPORTS_DIR
 from runner.repo.fingerprint import TreeState, tree_state
 from runner.plan.load import PlanDocument, find_plan, load_plan
 from runner.plan.schema import Plan
-
-REPORTS_DIR = "reports"
-"""Where runs are kept, relative to the root: ``reports/<plan>/<phase>/<run-id>/``."""
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def safe_name(text: str) -> str:
-    """``text`` reduced to letters, digits and ``._-`` (for folder and file names)."""
-    return _UNSAFE.sub("-", text).strip("-.") or "x"
-
 
 def find_repo_root(start: Path | None = None) -> Path:
     """The nearest folder from ``start`` (default: the working directory) upwards that has a

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from runner.errors import UsageError
 from runner.plan.load import PlanDocument, load_plan
-from runner.workspace import find_repo_root
 from runner.plan.schema import ID_PATTERN, ID_RULE
 from runner.templating import template_env
 
@@ -39,12 +38,13 @@ def render_plan(*, plan_id: str, title: str, phases: Sequence[str], path_name: s
 
 def init_plan(
     path: Path, *, phases: Sequence[str] = DEFAULT_PHASES, plan_id: str | None = None,
-    title: str | None = None,
+    title: str | None = None, shown_as: str | None = None,
 ) -> PlanDocument:
     """Write a new plan at ``path`` and return it as loaded.
 
-    ``plan_id`` defaults to the file name without its suffix; ``title`` to the id. Raises
-    ``UsageError`` when ``path`` exists, is not a ``.md`` file, or an id is not valid.
+    ``plan_id`` defaults to the file name without its suffix; ``title`` to the id;
+    ``shown_as`` (how the placeholder gates name the file, ``plans/demo.md``) to ``path``.
+    Raises ``UsageError`` when ``path`` exists, is not a ``.md`` file, or an id is not valid.
     """
     path = Path(path)
     if path.suffix.lower() != ".md":
@@ -59,7 +59,7 @@ def init_plan(
     repeated = sorted({phase for phase in phases if phases.count(phase) > 1})
     if repeated:
         raise UsageError(f"phase ids must be unique; repeated: {', '.join(repeated)}")
-    text = render_plan(plan_id=plan_id, title=title or plan_id, phases=phases, path_name=_shown_path(path))
+    text = render_plan(plan_id=plan_id, title=title or plan_id, phases=phases, path_name=shown_as or str(path))
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
@@ -82,13 +82,3 @@ def init_plan(
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-
-
-def _shown_path(path: Path) -> str:
-    """How the plan names itself in its placeholders: relative to the repository's root
-    (``plans/demo.md``), else as given."""
-    root = find_repo_root(path.parent)
-    try:
-        return path.resolve().relative_to(root).as_posix()
-    except ValueError:
-        return str(path)

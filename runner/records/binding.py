@@ -23,9 +23,8 @@ from typing import Any
 
 from runner.errors import ResultsError
 from runner.plan.order import ordered_gates
-from runner.plan.schema import Phase
+from runner.plan.schema import Phase, Plan
 from runner.records.results import ResultsFile, check_thresholds, plan_problems
-from runner.workspace import Workspace
 
 VERDICT_FIELDS = ("kind", "run", "call", "args", "env", "requires", "timeout", "expect")
 
@@ -59,7 +58,7 @@ def definition_problems(recorded: dict[str, dict[str, Any]] | None, phase: Phase
 
 
 def load_matching_results(
-    ws: Workspace, phase: Phase, path: Path, fingerprint: str, *, evidence: bool = False
+    plan: Plan, phase: Phase, path: Path, fingerprint: str, *, evidence: bool = False
 ) -> ResultsFile:
     """Load ``path`` and check it fits: plan, phase, tree, the phase's gate definitions, every
     gate of the phase present, and every threshold of a gate recorded PASS re-checked here.
@@ -68,13 +67,13 @@ def load_matching_results(
     all-PASS file checkpoints. The returned results hold the plan's target checks."""
     results = ResultsFile.load(Path(path))
     where = f"{path}:"
-    if results.plan_id != ws.plan.id:
-        raise ResultsError(f"{where} results are for plan {results.plan_id!r}, not {ws.plan.id!r}")
+    if results.plan_id != plan.id:
+        raise ResultsError(f"{where} results are for plan {results.plan_id!r}, not {plan.id!r}")
     held = [phase_results.phase for phase_results in results.phases]
     if phase.id not in held:
         what = "the phase named" if evidence else "the next phase to advance"
         hint = ""
-        later = [p.id for p in ws.plan.phases if p.id in held and p.status != "complete"]
+        later = [p.id for p in plan.phases if p.id in held and p.status != "complete"]
         if not evidence and later:
             hint = (f"; to keep them as evidence for {later[0]} while it waits, run "
                     f"`runner advance --evidence --results {path}`")

@@ -6,12 +6,12 @@ that git does not ignore, and the files and folders named by output options can 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from runner.errors import PlanError, UsageError
 from runner.plan.load import PlanDocument
 from runner.plan.schema import Phase
+from runner.repo.git import is_ignored
 
 
 def check_paths(doc: PlanDocument, phase: Phase, repo_root: Path) -> None:
@@ -59,9 +59,7 @@ def check_reports(repo_root: Path, reports_dir: str, run_parent: Path, plan_rel:
     if not git:
         return
     for rel, what in ((plan_rel, "the plan"), (f"{reports_dir}/x", f"the {reports_dir}/ folder")):
-        proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", "--", rel], cwd=root,
-                              capture_output=True, check=False)
-        if proc.returncode == 0:
+        if is_ignored(root, rel):
             raise UsageError(
                 f"{what} is ignored by git (git check-ignore -v {rel}); the checkpoint commits it: "
                 "remove the pattern from .gitignore"

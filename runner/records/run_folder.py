@@ -10,6 +10,7 @@ gate, so the benchmark table and the build summary read in place.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,16 @@ from runner.records.results import GateResult, MetricCheck, ResultsFile, check_t
 from runner.plan.schema import Phase, Plan
 from runner.templating import template_env
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
-from runner.workspace import safe_name
+
+REPORTS_DIR = "reports"
+"""Where runs are kept, relative to the root: ``reports/<plan>/<phase>/<run-id>/``."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(text: str) -> str:
+    """``text`` reduced to letters, digits and ``._-`` (for folder and file names)."""
+    return _UNSAFE.sub("-", text).strip("-.") or "x"
 
 TEMPLATE = "report.md.j2"
 RESULTS = "results.json"

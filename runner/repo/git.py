@@ -106,6 +106,14 @@ def config_value(root: Path, key: str) -> str | None:
     return (proc.stdout.decode("utf-8", "replace").strip() or None) if proc.returncode == 0 else None
 
 
+def is_ignored(root: Path, path: str) -> bool:
+    """Whether ``.gitignore`` (or the repository's excludes) ignore ``path``, tracked or not."""
+    # check-ignore takes path names, not pathspecs, and refuses the literal-pathspec setting
+    proc = run_git(root, "check-ignore", "-q", "--no-index", "--", path, env={"GIT_LITERAL_PATHSPECS": "0"},
+                   check=False)
+    return proc.returncode == 0
+
+
 def is_tracked(root: Path, path: str) -> bool:
     """Whether the index tracks ``path`` (a file, or a folder with tracked files); literal."""
     return bool(git_output(root, "ls-files", "--", path))

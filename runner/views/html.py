@@ -38,7 +38,8 @@ from runner.plan.schema import Phase
 from runner.views.status import PhaseView, plan_status
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
-from runner.workspace import REPORTS_DIR, Workspace
+from runner.records.run_folder import REPORTS_DIR
+from runner.workspace import Workspace
 
 TEMPLATE = "index.html.j2"
 DEFAULT_OUT = Path(REPORTS_DIR) / "index.html"

@@ -98,3 +98,9 @@ def test_no_hook_runs_for_the_runners_git_calls(tmp_path, monkeypatch):
     git(root, "reset", "-q")  # the same index write through plain git runs the hook
     git(root, "add", "plan.md")
     assert log.read_text().splitlines()[-1] == "ran"
+
+
+def test_is_ignored_reads_the_gitignore(tmp_path):
+    repo = make_repo(tmp_path / "repo")  # its .gitignore holds /ignored/
+    assert gitlayer.is_ignored(repo.root, "ignored/x") and gitlayer.is_ignored(repo.root, "ignored/*")
+    assert not gitlayer.is_ignored(repo.root, "src/code.py")
