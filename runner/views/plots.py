@@ -20,8 +20,7 @@ from datetime import datetime, timedelta
 from runner.formatting import one_line
 from runner.gates.protocol import PLOT_FORMAT
 
-# Labels come from gates: "$" is a dollar sign, not TeX (``context ($\\mus$)`` must not raise).
-SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate", "text.parse_math": False}
+SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate"}
 SCALES = ("linear", "log")
 
 
@@ -128,11 +127,11 @@ def _draw(spec: PlotSpec, source: str) -> Plot:
     for line in spec.series:
         xs, ys = zip(*line.points)
         if line.reference:
-            ax.plot(xs, ys, linestyle="--", marker="x", alpha=0.8, label=f"{line.label} (reference)")
+            ax.plot(xs, ys, linestyle="--", marker="x", alpha=0.8, label=_label(f"{line.label} (reference)"))
         else:
-            ax.plot(xs, ys, marker="o", label=line.label)
+            ax.plot(xs, ys, marker="o", label=_label(line.label))
     for axis, spec_axis in ((ax.xaxis, spec.x), (ax.yaxis, spec.y)):
-        axis.set_label_text(spec_axis.text)
+        axis.set_label_text(_label(spec_axis.text))
     if spec.x.scale == "log":
         ax.set_xscale("log", base=2 if _powers_of_two(spec) else 10)
     if spec.y.scale == "log":
@@ -188,7 +187,7 @@ def metric_history_plot(metric: str, points: Sequence[Point], *, threshold: tupl
 def _history(metric: str, points: Sequence[Point], threshold: tuple[str, float] | None, title: str | None) -> Plot:
     fig, ax = _figure(height=2.6)
     ordered = sorted(points, key=lambda point: point.time)
-    ax.plot([p.time for p in ordered], [p.value for p in ordered], marker="o", label=metric)
+    ax.plot([p.time for p in ordered], [p.value for p in ordered], marker="o", label=_label(metric))
     marked = [p for p in ordered if p.checkpoint]
     if marked:
         ax.plot([p.time for p in marked], [p.value for p in marked], linestyle="none", marker="*",
@@ -196,16 +195,21 @@ def _history(metric: str, points: Sequence[Point], threshold: tuple[str, float] 
     if threshold is not None:
         op, value = threshold
         ax.axhline(value, linestyle=":", color="grey", label=f"threshold {op} {value:g}")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(_label(metric))
     if len({p.time for p in ordered}) == 1:  # one moment: a day around it, not years
         ax.set_xlim(ordered[0].time - timedelta(hours=12), ordered[0].time + timedelta(hours=12))
     _date_axis(ax)
     return Plot(title or metric, _finish(fig, ax))
 
 
+def _label(text: str) -> str:
+    """A label from a gate or a plan as literal text: ``$`` escaped, so ``context ($\\mus$)`` is
+    not read as TeX (which can raise). The axes' own tick labels keep their math."""
+    return text.replace("$", r"\$")
+
+
 def _style():
-    """The settings every figure is made and saved under (``SVG_RC``): text objects take
-    ``text.parse_math`` when they are created, so the whole drawing runs inside it."""
+    """The settings every figure is made and saved under (``SVG_RC``)."""
     import matplotlib
 
     return matplotlib.rc_context(SVG_RC)
