@@ -13,18 +13,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.records import machine as machine_probe
 from runner.errors import ExitCode, UsageError
 from runner.gates.execute import ProgressFn
-from runner.views.junit import append_summary, write_empty_junit, write_junit
-from runner.records.machine import MachineInfo
-from runner.plan.order import plan_run
 from runner.gates.preflight import check_calls
-from runner.records.places import check_outputs
+from runner.plan.order import plan_run
+from runner.plan.schema import Phase, Plan
+from runner.records import machine as machine_probe
 from runner.records.binding import gate_definitions
+from runner.records.machine import MachineInfo
+from runner.records.places import check_outputs
 from runner.records.results import PhaseResults, ResultsFile, combine_outcomes
 from runner.runs import PhaseStartFn, ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
-from runner.plan.schema import Phase, Plan
+from runner.views.junit import append_summary, write_empty_junit, write_junit
 from runner.workspace import Workspace
 
 

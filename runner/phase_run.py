@@ -26,10 +26,10 @@ from runner.records.machine import MachineInfo
 from runner.records.places import check_paths, check_reports
 from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
 from runner.records.run_folder import ReportContext, RunMeta, write_report
+from runner.records.run_folder import REPORTS_DIR, safe_name
 from runner.repo.fingerprint import TreeState
 from runner.runs import PhaseStartFn, ResultFn, RunContext, finish_elsewhere_hint, run_phase
 from runner.timeutil import iso_ms
-from runner.records.run_folder import REPORTS_DIR, safe_name
 from runner.workspace import Workspace
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import runner
 from runner.errors import ExitCode, ReportError
 from runner.gates.execute import ProgressFn, StartFn, run_steps
-from runner.records.machine import MachineInfo
 from runner.plan.order import GateStep
-from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
 from runner.plan.schema import Phase
-from runner.timeutil import iso_time, utc_now
+from runner.records.machine import MachineInfo
+from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
 from runner.records.run_folder import REPORTS_DIR, safe_name
+from runner.timeutil import iso_time, utc_now
 from runner.workspace import Workspace
 
 ResultFn = Callable[[str, GateResult], None]

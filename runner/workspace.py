@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.records.run_folder import REPORTS_DIR
-from runner.repo.fingerprint import TreeState, tree_state
 from runner.plan.load import PlanDocument, find_plan, load_plan
 from runner.plan.schema import Plan
+from runner.records.run_folder import REPORTS_DIR
+from runner.repo.fingerprint import TreeState, tree_state
 
 def find_repo_root(start: Path | None = None) -> Path:
     """The nearest folder from ``start`` (default: the working directory) upwards that has a

@@ -10,8 +10,8 @@ import typer
 from runner.cli._common import PLAN_HELP, domain_errors
 from runner.errors import ExitCode, UsageError
 from runner.formatting import format_metric, json_text, one_line, table_cell, text_columns
-from runner.views.history import resolve_run
 from runner.views.diff import MetricDelta, MetricsDiff, diff_runs
+from runner.views.history import resolve_run
 from runner.workspace import open_workspace
 
 REF_HELP = "A run id (or its start), a results.json or run folder path, or a PLAN/PHASE checkpoint tag."

@@ -10,10 +10,10 @@ import typer
 from runner.cli._common import PLAN_HELP, domain_errors
 from runner.errors import UsageError
 from runner.formatting import format_metric, json_text, one_line, short, text_columns
-from runner.views.history import RunRecord, describe_machine, describe_targets, find_runs, plan_checkpoints
+from runner.plan.schema import Phase, Plan
 from runner.records.results import MetricCheck
 from runner.records.run_folder import headline_metrics, target_checks
-from runner.plan.schema import Phase, Plan
+from runner.views.history import RunRecord, describe_machine, describe_targets, find_runs, plan_checkpoints
 from runner.workspace import open_workspace
 
 

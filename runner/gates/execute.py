@@ -49,10 +49,10 @@ from runner.gates import output as gateoutput
 from runner.gates.log import HEAD_BYTES, CappedLog, OutputPump
 from runner.gates.procgroup import adopt_orphans, end_escaped, end_group, own_children, with_parent_death_signal
 from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
+from runner.gates.verdict import Verdict, judge
 from runner.records.results import GateResult
 from runner.timeutil import iso_ms
 from runner.untrusted import UntrustedFileError, read_bounded
-from runner.gates.verdict import Verdict, judge
 
 LOG_TAIL_LINES = 60
 MAX_ARTIFACT_ENTRIES = 10 * MAX_ARTIFACTS  # directory entries looked at, at most

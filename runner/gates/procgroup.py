@@ -120,18 +120,25 @@ def group_members(pgid: int) -> list[int]:
         except PermissionError:
             pass
         return [pgid]
-    members = []
-    for entry in os.scandir(proc_dir):
+    return [pid for pid, parent, group in _live_processes() if group == pgid]
+
+
+def _live_processes():
+    """``(pid, parent pid, process group)`` of every live (non-zombie) process, from ``/proc``."""
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         try:
             stat = Path(entry.path, "stat").read_bytes()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry.name))
-    return members
+        fields = stat[stat.rfind(b")") + 2 :].split()  # state, ppid, pgrp, ... (the name may hold spaces)
+        if len(fields) > 2 and fields[0] not in (b"Z", b"X"):
+            yield int(entry.name), int(fields[1]), int(fields[2])
 
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -155,22 +162,8 @@ def adopt_orphans() -> bool:
 
 def own_children() -> set[int]:
     """The live processes whose parent is this process (from ``/proc``; empty without it)."""
-    me, children = os.getpid(), set()
-    try:
-        entries = list(os.scandir("/proc"))
-    except OSError:
-        return children
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == me and fields[0] not in (b"Z", b"X"):
-            children.add(int(entry.name))
-    return children
+    me = os.getpid()
+    return {pid for pid, parent, _ in _live_processes() if parent == me}
 
 
 def end_escaped(before: set[int], grace_s: float) -> list[str]:

@@ -12,20 +12,20 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
 
 from runner.atomic import write_atomic
+from runner.errors import ResultsError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
 from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS
-from runner.errors import ResultsError
-from runner.untrusted import UntrustedFileError, parse_json, read_bounded
-from runner.plan.schema import ID_PATTERN
+from runner.plan.schema import GATE_KINDS, ID_PATTERN
 from runner.records.machine import MachineInfo
 from runner.timeutil import iso_ms
+from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 
 if TYPE_CHECKING:
     from runner.plan.thresholds import Threshold
@@ -246,8 +246,6 @@ def consistency_problems(results: ResultsFile) -> list[str]:
     appears twice, an unknown gate kind, a PASS whose process did not exit 0 or whose checks
     failed, an outcome with a signal but no FAIL/ERROR, a BLOCKED or SKIPPED gate with a
     process. (Thresholds are re-checked against the metrics by the caller.)"""
-    from runner.plan.schema import GATE_KINDS
-
     problems: list[str] = []
     phases = [phase.phase for phase in results.phases]
     problems += [f"phase {name!r} appears {phases.count(name)} times" for name in sorted(set(phases))

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Literal
 
 from runner.errors import UsageError
-from runner.views.history import RunRecord, describe_machine, display_path
 from runner.plan.schema import Gate, Plan
 from runner.plan.thresholds import Threshold
+from runner.views.history import RunRecord, describe_machine, display_path
 
 Direction = Literal["higher", "lower"]
 Verdict = Literal[

@@ -19,8 +19,8 @@ from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
 from runner.records.results import MetricCheck, Outcome, PhaseResults, ResultsFile, check_thresholds, combine_outcomes
 from runner.records.run_folder import RunMeta, headline_metrics, read_run_meta, target_checks
-from runner.views.status import CheckpointView, plan_status
 from runner.records.run_folder import REPORTS_DIR, safe_name
+from runner.views.status import CheckpointView, plan_status
 from runner.workspace import Workspace
 
 RESULTS_NAME = "results.json"

@@ -20,6 +20,14 @@ import runner
 from runner.atomic import write_atomic
 from runner.errors import ReportError
 from runner.formatting import format_metric, short
+from runner.gates.protocol import PLOT_SUFFIX
+from runner.plan.schema import Phase
+from runner.records.places import check_reports
+from runner.records.results import GateResult, MetricCheck
+from runner.records.run_folder import headline_metrics, read_artifacts, target_checks
+from runner.records.run_folder import REPORTS_DIR
+from runner.templating import template_env
+from runner.timeutil import iso_time, utc_now
 from runner.views.history import (
     PhaseRuns,
     RunRecord,
@@ -30,15 +38,7 @@ from runner.views.history import (
     phase_runs,
 )
 from runner.views.plots import Plot, Point, declared_plot, metric_history_plot
-from runner.records.places import check_reports
-from runner.gates.protocol import PLOT_SUFFIX
-from runner.records.run_folder import headline_metrics, read_artifacts, target_checks
-from runner.records.results import GateResult, MetricCheck
-from runner.plan.schema import Phase
 from runner.views.status import PhaseView, plan_status
-from runner.templating import template_env
-from runner.timeutil import iso_time, utc_now
-from runner.records.run_folder import REPORTS_DIR
 from runner.workspace import Workspace
 
 TEMPLATE = "index.html.j2"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from runner.errors import GitError
-from runner.repo import git
 from runner.plan.order import next_phase
+from runner.repo import git
 from runner.workspace import Workspace
 
 

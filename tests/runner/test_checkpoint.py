@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.repo import checkpoint as cp
 from runner.errors import GitError
 from runner.gates.procgroup import group_members
+from runner.repo import checkpoint as cp
 from runner.repo.fingerprint import tree_state
 from tests.runner.repo_fixtures import git as _git, write
 

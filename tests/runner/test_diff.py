@@ -8,10 +8,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from runner.workspace import open_workspace
-from runner.views.history import resolve_run
-from runner.views.diff import compare_metric, diff_runs
 from runner.plan.schema import Gate
+from runner.views.diff import compare_metric, diff_runs
+from runner.views.history import resolve_run
+from runner.workspace import open_workspace
 from tests.runner.repo_fixtures import (
     METRICS_OK,
     cli,

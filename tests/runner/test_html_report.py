@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.workspace import open_workspace
-from runner.views.html import render_html_report, write_html_report
-from runner.records.run_folder import ReportContext, render_report
 from runner.records.results import ResultsFile
+from runner.records.run_folder import ReportContext, render_report
+from runner.views.html import render_html_report, write_html_report
+from runner.workspace import open_workspace
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,

@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from runner.views.junit import junit_xml, summary_markdown, write_junit
 from runner.records.results import ResultsFile
+from runner.views.junit import junit_xml, summary_markdown, write_junit
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,

@@ -16,8 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from runner.repo import checkpoint
 from runner.plan.load import load_plan
+from runner.repo import checkpoint
 from tests.runner.gate_helpers import group_alive
 from tests.runner.repo_fixtures import (
     METRICS_OK,

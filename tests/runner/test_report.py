@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 
 from runner.gates import execute
 from runner.gates.execute import run_gate
+from runner.plan.schema import Plan
+from runner.records.results import GateResult, PhaseResults, ResultsFile
 from runner.records.run_folder import ReportContext, headline_metrics, write_report
 from runner.runs import new_run_id, run_folder
-from runner.records.results import GateResult, PhaseResults, ResultsFile
-from runner.plan.schema import Plan
 from tests.runner.gate_helpers import make_gate
 from tests.runner.repo_fixtures import fake_machine
 

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from runner.errors import ResultsError
+from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
 from runner.records.results import (
     GateResult,
@@ -17,7 +18,6 @@ from runner.records.results import (
     check_thresholds,
     combine_outcomes,
 )
-from runner.plan.thresholds import Threshold
 
 MACHINE = MachineInfo(hostname="h", platform="Linux-x", arch="x86_64", python="3.11.7",
                       cpu_count=8, devices=["cpu", "cuda"], gpu_name="NVIDIA H200",

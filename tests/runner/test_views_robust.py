@@ -120,22 +120,6 @@ def test_status_reads_no_artifact(tmp_path, runner_env):
     assert not [path for path in opened if "check-a" in path]
 
 
-def test_the_report_still_draws_artifacts_kept_in_their_files(tmp_path, runner_env):
-    """The HTML report reads the plot artifacts back from the run's files."""
-    script = ("from runner import gatekit\ngatekit.write_metrics({'speedup': 2.0})\n"
-              "gatekit.write_plot('lat', [gatekit.Series('p50', [(1, 2.0), (2, 3.0)])], title='from its file',"
-              " x=gatekit.Axis('batch'), y=gatekit.Axis('ms'))\n")
-    phases = default_phases()
-    phases[0]["gates"] = [gate("check", "verify", f"{sys.executable} tools/plot.py", expect={"speedup": ">= 1.5"})]
-    repo = make_repo(tmp_path / "repo", phases)
-    write(repo.root, "tools/plot.py", script)
-    repo.git("add", "-A")
-    repo.git("commit", "-qm", "plot gate")
-    assert cli(runner_env, repo.root, "advance").exit_code == 0
-    assert cli(runner_env, repo.root, "report").exit_code == 0
-    assert "from its file" in (repo.root / "reports" / "index.html").read_text()
-
-
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_diff_json_of_non_finite_values_is_json(tmp_path, runner_env, value):
     repo = make_repo(tmp_path / "repo")
