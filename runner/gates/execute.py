@@ -305,7 +305,7 @@ def _child_env(gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None,
     env.update(getattr(gate, "env", None) or {})
     path_entries = [str(repo_root.resolve())]
     if _RUNNER_ROOT != repo_root.resolve():
-        path_entries.append(str(_RUNNER_ROOT))  # the child runs this runner's callgate
+        path_entries.append(str(_RUNNER_ROOT))  # the child runs this runner's runner.gates.call
     if env.get("PYTHONPATH"):
         path_entries.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path_entries)
