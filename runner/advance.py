@@ -6,51 +6,49 @@ on a tree whose fingerprint is taken before and after; the evidence goes to
 
 * every gate passed and the tree did not change: the phase becomes ``complete`` with its
   checkpoint record, and one commit (tagged ``<plan>/<phase>``) holds the plan file, the run's
-  report folder and the phase's ``paths``. The plan file is written only once the commit and
-  its tag are published (``runner.checkpoint``); a refused or failed commit leaves it as it was.
+  report folder and the phase's ``paths``, whose content must be the tree the gates ran on. The
+  plan file is written only once the commit and its tag are published (``runner.repo.checkpoint``);
+  a refused or failed commit leaves it as it was.
 * a gate failed or errored, or the tree changed under the gates: ``failed``, no commit.
 * a gate needs a device this machine lacks: ``blocked``, no commit, and a message saying how
   to finish the phase on another machine. When the plan already holds a verdict on the phase
   from an earlier run (``failed`` or ``blocked``, its report under ``reports/``), a run that
   could only block leaves the plan as it is and writes only its own report.
 
-``--results`` checkpoints results measured elsewhere (``runner gate --out``) after checking that
-they belong to this plan, phase and tree and that every threshold holds. An interrupt (Ctrl-C,
-SIGTERM) during the gates leaves the plan as it was.
+Everything that can be refused without running a gate is refused first: the plan's calls and
+paths, where the report goes, the git state, and whether the plan's bytes can take the new
+status. ``--results`` checkpoints results measured elsewhere (``runner gate --out``) after
+checking that they belong to this plan, phase, gate definitions and tree and that every
+threshold holds. An interrupt (Ctrl-C, SIGTERM) during the gates leaves the plan as it was.
+``--evidence`` is ``runner.evidence``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner import checkpoint as checkpoints
-from runner import machine as machine_probe
-from runner.errors import ExitCode, GitError, ResultsError, UsageError
-from runner.execute import ProgressFn
+from runner.errors import ExitCode, GitError, UsageError
+from runner.evidence import record_evidence
 from runner.formatting import format_metric
-from runner.gitops import CheckpointRepo
-from runner.history import RunRecord, describe_machine, find_runs
-from runner.lock import repo_lock
-from runner.machine import MachineInfo
-from runner.planning import GateStep, next_phase, ordered_gates, plan_run
-from runner.preflight import check_calls, check_paths, check_reports
-from runner.report import ReportContext, RunMeta, headline_metrics, write_report
-from runner.results import GateResult, Outcome, PhaseResults, ResultsFile, check_thresholds, plan_problems
-from runner.rewrite import PhaseUpdate, render_updates, write_plan_text
-from runner.runs import (
-    PhaseStartFn,
-    ResultFn,
-    RunContext,
-    exit_code_for,
-    finish_elsewhere_hint,
-    interrupt_on_sigterm,
-    run_phase,
-)
-from runner.schema import Checkpoint, Phase, PhaseStatus
+from runner.gates.execute import ProgressFn
+from runner.gates.preflight import check_calls
+from runner.phase_run import Callbacks, PhaseRun, check_writes, judge, run_or_import, step_lines, write_up
+from runner.plan.order import next_phase
+from runner.plan.rewrite import PhaseUpdate, check_rewritable, render_updates, write_plan_text
+from runner.plan.schema import Checkpoint, OpenTarget, Phase, PhaseStatus
+from runner.records.machine import MachineInfo
+from runner.records.results import GateResult
+from runner.records.run_folder import ReportContext, RunMeta, headline_metrics, mark_unrecorded
+from runner.repo import checkpoint as checkpoints
+from runner.repo import git
+from runner.repo.fingerprint import TreeState
+from runner.repo.lock import repo_lock
+from runner.runs import PhaseStartFn, ResultFn, exit_code_for, interrupt_on_sigterm
 from runner.timeutil import iso_time, utc_now
-from runner.workspace import REPORTS_DIR, Workspace, safe_name
+from runner.views.history import RunRecord, describe_machine, find_runs
+from runner.workspace import Workspace
 
 
 @dataclass
@@ -82,16 +80,17 @@ def advance(
     """Advance the plan of ``ws`` by one phase (see the module docstring).
 
     ``phase_id``: the phase the caller means (it must be the next one). ``evidence``: record a
-    run of a later phase as evidence instead (``record_evidence``).
+    run of a later phase as evidence instead (``runner.evidence.record_evidence``).
 
     ``wait_s``: when another runner holds the repository lock, wait up to that many seconds
     for it (``math.inf``: no limit) instead of refusing at once.
     """
+    callbacks = Callbacks(on_result, on_progress, on_start)
     if evidence:
-        return record_evidence(
-            ws, phase_id, results_path=results_path, dry_run=dry_run, machine=machine,
-            on_result=on_result, on_progress=on_progress, wait_s=wait_s, on_start=on_start,
-        )
+        outcome = record_evidence(ws, phase_id, results_path=results_path, dry_run=dry_run, machine=machine,
+                                  callbacks=callbacks, wait_s=wait_s)
+        return AdvanceOutcome(outcome.exit_code, phase=outcome.phase, report=outcome.report,
+                              messages=outcome.messages)
     phase = next_phase(ws.plan)
     if phase is None:
         return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
@@ -101,13 +100,10 @@ def advance(
             f"phases are checkpointed in order and the next one is {phase.id}, not {phase_id}; "
             f"to record a run of {phase_id} as evidence while it waits, add --evidence"
         )
-    if results_path is None:
-        check_calls(ws.doc, phase, ws.root)
-    _check_writes(ws, phase, git=True)
+    _refuse_early(ws, phase, results_path)
     if dry_run:
         return _dry_run(ws, phase, results_path, machine)
-    repo = CheckpointRepo(ws.root)
-    _check_repo(repo, ws.root)
+    _check_repo(ws.root)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance", wait_s=wait_s):
         claimed = checkpoints.uncommitted_complete_tags(ws.root, ws.plan_rel)
         found = checkpoints.recover(ws.root, plan_rel=ws.plan_rel, complete_tags=claimed)  # a killed run's leftovers
@@ -117,21 +113,17 @@ def advance(
         phase = next_phase(ws.plan)
         if phase is None:
             return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
-        if results_path is None:
-            check_calls(ws.doc, phase, ws.root)
-        _check_writes(ws, phase, git=True)
-        base = _check_repo(repo, ws.root)
-        branch = checkpoints.current_branch(ws.root)  # the checkpoint lands here, or nowhere
+        _refuse_early(ws, phase, results_path)
+        base = _check_repo(ws.root)
+        branch = git.current_branch(ws.root)  # the checkpoint lands here, or nowhere
         checkpoints.preflight(  # before any gate
             ws.root, tag=f"{ws.plan.id}/{phase.id}", expected_head=base, expected_branch=branch
         )
         try:
-            return _advance_locked(
-                ws, phase, repo, base, branch, results_path, machine, on_result, on_progress, on_start
-            )
+            return _advance_locked(ws, phase, base, branch, results_path, machine, callbacks)
         except KeyboardInterrupt:
-            made = repo.tag_commit(f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
-            made = made if made is not None and made == repo.head() else None
+            made = git.tag_commit(ws.root, f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
+            made = made if made is not None and made == git.head(ws.root) else None
             done = f"interrupted after checkpoint {made[:12]} of {phase.id} was made" if made else None
             return AdvanceOutcome(
                 ExitCode.INTERRUPTED,
@@ -140,171 +132,56 @@ def advance(
             )
 
 
-class _GatesInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM while the phase's gates ran; the interrupted run's report is written."""
+def _refuse_early(ws: Workspace, phase: Phase, results_path: Path | None) -> None:
+    """What can be refused before any gate runs: a ``call:`` that names no code (unless the
+    gates ran elsewhere), paths and reports outside the repository, a plan whose bytes cannot
+    take the phase's new status (``PlanError``)."""
+    if results_path is None:
+        check_calls(ws.doc, phase, ws.root)
+    check_writes(ws, phase, git=True)
+    check_rewritable(ws.doc, phase.id)
 
 
-def _phase_gates(
-    ws: Workspace,
-    phase: Phase,
-    results_path: Path | None,
-    fingerprint: str,
-    machine: MachineInfo | None,
-    on_result: ResultFn | None,
-    on_progress: ProgressFn | None,
-    on_start: PhaseStartFn | None,
-    *,
-    base: str | None,
-    evidence_reason: str | None = None,
-) -> tuple[RunContext, list[GateStep], list[GateResult], str]:
-    """The phase's run (its folder under ``reports/`` made), the steps it ran, its gate results
-    and where they come from: imported from ``results_path`` (checked by
-    ``load_matching_results``) or the gates run here. With ``evidence_reason`` the run is
-    evidence for a phase that waits. An interrupt while the gates run writes the report of
-    what finished, then raises ``_GatesInterrupted``."""
-    if results_path is not None:
-        imported = load_matching_results(ws, phase, results_path, fingerprint, evidence=evidence_reason is not None)
-        run = RunContext(imported.run_id, imported.created, fingerprint, imported.machine).in_reports(ws, phase.id)
-        source = f"results imported from {Path(results_path).name} (run {run.run_id} on {run.machine.hostname})"
-        return run, [], list(imported.phase(phase.id).gates), source
-    run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
-    steps = plan_run(phase, frozenset(run.machine.devices))
-    finished: list[GateResult] = []
-
-    def record(phase_id: str, result: GateResult) -> None:
-        finished.append(result)
-        if on_result is not None:
-            on_result(phase_id, result)
-
-    try:
-        gates = run_phase(ws, phase, steps, log_dir=run.run_dir, report_dir=run.run_dir, on_result=record,
-                          on_progress=on_progress, on_start=on_start)
-    except KeyboardInterrupt as exc:
-        interrupted = run.results(ws, [PhaseResults(phase=phase.id, gates=_interrupted_gates(steps, finished))])
-        meta = None
-        if evidence_reason is not None:
-            meta = RunMeta(role="evidence", recorded=False, reason=f"{evidence_reason}; interrupted")
-        _write_interrupted_report(ws, phase, base, interrupted, run.run_dir, meta)
-        raise _GatesInterrupted(*exc.args) from exc
-    return run, steps, gates, "local run"
-
-
-def _judge(
-    ws: Workspace,
-    phase: Phase,
-    phase_results: PhaseResults,
-    steps: list[GateStep],
-    own_files: list[Path],
-    fingerprint: str,
-    notes: list[str],
-    *,
-    changed: Callable[[str], str],
-) -> Outcome:
-    """The run's outcome, with a note appended to ``notes`` where it needs one: a ``PASS`` on a
-    tree whose fingerprint is no longer ``fingerprint`` is a ``FAIL`` (``changed(now)`` says
-    so), a ``BLOCKED`` one says how to finish elsewhere, and ``SKIPPED`` (no gate ran, which a
-    valid plan cannot give) is not a pass."""
-    outcome = phase_results.outcome
-    if outcome == "PASS":
-        now = ws.fingerprint(own_files)
-        if now != fingerprint:
-            outcome = "FAIL"
-            notes.append(changed(now))
-    elif outcome == "BLOCKED":
-        notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
-    elif outcome == "SKIPPED":
-        outcome = "FAIL"
-    return outcome
-
-
-def _interrupted_gates(steps: list[GateStep], finished: list[GateResult]) -> list[GateResult]:
-    """The gates that finished as they are, the one that was running ERROR, the rest SKIPPED."""
-    gates = list(finished)
-    for index, step in enumerate(steps[len(finished) :]):
-        running = index == 0 and step.action == "run"
-        reason = (
-            "interrupted (SIGINT or SIGTERM) while it ran; its process group was ended, its log kept"
-            if running else "not run: the run was interrupted"
-        )
-        gates.append(GateResult.not_run(step.gate, "ERROR" if running else "SKIPPED", reason))
-    return gates
-
-
-def _write_interrupted_report(
-    ws: Workspace, phase: Phase, base: str | None, results: ResultsFile, run_dir: Path,
-    meta: RunMeta | None = None,
-) -> None:
-    """Best effort, so that an interrupted run leaves its evidence: a failure here (or a
-    second interrupt) leaves the logs the gates already wrote. The plan does not record it."""
-    note = "Interrupted (SIGINT or SIGTERM): the plan was not changed and nothing was committed."
-    meta = meta or RunMeta(recorded=False, reason="interrupted; the plan was not changed")
-    context = ReportContext(ws.plan, phase, "INTERRUPTED", base=base, source="local run", notes=[note],
-                            meta=meta)
-    try:
-        write_report(run_dir, results, context)
-    except Exception:  # noqa: BLE001 - the interrupt is what the user must see, not this
-        pass
-
-
-def _check_writes(ws: Workspace, phase: Phase, *, git: bool) -> None:
-    """Before any gate: the phase's paths stay in the repository, and its run folder would be
-    a folder of the repository that git does not ignore (``runner.preflight``)."""
-    check_paths(ws.doc, phase, ws.root)
-    parent = ws.root / REPORTS_DIR / safe_name(ws.plan.id) / safe_name(phase.id)
-    check_reports(ws.root, REPORTS_DIR, parent, ws.plan_rel, git=git)
-
-
-def _check_repo(repo: CheckpointRepo, root: Path) -> str:
+def _check_repo(root: Path) -> str:
     """``HEAD``, after checking a checkpoint can be made (``GitError`` otherwise)."""
-    repo.check_ready()
-    base = repo.head()
+    git.check_ready(root)
+    base = git.head(root)
     if base is None:
         raise GitError(f"{root} has no commit yet; commit the tree before the runner checkpoints")
     return base
 
 
 def _dry_run(ws: Workspace, phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> AdvanceOutcome:
-    lines = [f"plan {ws.plan.id} ({ws.plan_rel}): next phase {phase.id} ({phase.status})"]
-    if results_path is not None:
-        lines.append(f"would check {results_path} against the tree and checkpoint {phase.id}")
-    else:
-        machine = machine or machine_probe.probe_machine()
-        for step in plan_run(phase, frozenset(machine.devices)):
-            what = "run" if step.action == "run" else f"blocked: {step.reason}"
-            lines.append(f"  {step.gate.kind:<9} {step.gate.name}: {what}")
-    lines.append("dry run: nothing was changed")
+    lines = [f"plan {ws.plan.id} ({ws.plan_rel}): next phase {phase.id} ({phase.status})",
+             *step_lines(phase, results_path, machine), "dry run: nothing was changed"]
     return AdvanceOutcome(ExitCode.OK, phase=phase.id, messages=lines)
 
 
 def _advance_locked(
     ws: Workspace,
     phase: Phase,
-    repo: CheckpointRepo,
     base: str,
     branch: str | None,
     results_path: Path | None,
     machine: MachineInfo | None,
-    on_result: ResultFn | None,
-    on_progress: ProgressFn | None,
-    on_start: PhaseStartFn | None = None,
+    callbacks: Callbacks,
 ) -> AdvanceOutcome:
     own_files = [results_path] if results_path is not None else []
     fingerprint = ws.fingerprint(own_files)
     notes: list[str] = []
-    run, steps, gates, source = _phase_gates(
-        ws, phase, results_path, fingerprint, machine, on_result, on_progress, on_start, base=base
-    )
-    phase_results = PhaseResults(phase=phase.id, gates=gates)
-    outcome = _judge(
-        ws, phase, phase_results, steps, own_files, fingerprint, notes,
+    run = run_or_import(ws, phase, results_path=results_path, fingerprint=fingerprint, machine=machine,
+                        callbacks=callbacks, base=base)
+    phase_results = run.phase_results(phase.id)
+    outcome, tested = judge(
+        ws, phase, phase_results, run.steps, own_files, fingerprint, notes,
         changed=lambda now: (
             f"Every gate passed, but the tree changed while they ran (fingerprint {fingerprint} "
             f"at the start, {now} at the end), so nothing was committed. Run advance again on a "
             "tree that nobody edits meanwhile."
         ),
     )
-    results = run.results(ws, [phase_results])
-    held = _verdict_kept(ws, phase, run.run_dir) if outcome == "BLOCKED" else None
+    results = run.run.results(ws, [phase_results])
+    held = _verdict_kept(ws, phase, run.run.run_dir) if outcome == "BLOCKED" else None
     meta = RunMeta()
     if held is not None:
         meta = RunMeta(recorded=False, reason=f"the plan keeps {phase.status} from run {held.folder}")
@@ -312,8 +189,8 @@ def _advance_locked(
             f"This run could not run every gate, so the plan keeps `{phase.status}` from run "
             f"{held.folder} ({describe_machine(held.machine)}); this report adds to it."
         )
-    context = ReportContext(ws.plan, phase, outcome, base=base, source=source, notes=notes, meta=meta)
-    report = write_report(run.run_dir, results, context)
+    context = ReportContext(ws.plan, phase, outcome, base=base, source=run.source, notes=notes, meta=meta)
+    report = write_up(run.run.run_dir, results, context)
     report_rel = report.relative_to(ws.root).as_posix()
     messages = list(notes)
     if outcome != "PASS":
@@ -322,54 +199,70 @@ def _advance_locked(
             status = phase.status
             messages.append(
                 f"{phase.id}: {outcome} here; the plan keeps {status} (run {held.folder}); "
-                f"report {report_rel}; nothing committed"
+                f"report {report_rel} (git ignores it); nothing committed"
             )
         else:
             _write_plan(ws, {phase.id: PhaseUpdate(status)})
-            messages.append(f"{phase.id}: {outcome}; status {status}; report {report_rel}; nothing committed")
+            messages.append(
+                f"{phase.id}: {outcome}; status {status}; report {report_rel}; nothing committed "
+                f"(commit {ws.plan_rel} and the report together to keep this verdict)"
+            )
         return AdvanceOutcome(
             exit_code_for(outcome), phase=phase.id, status=status, report=report, messages=messages
         )
-    return _checkpoint(
-        ws, phase, repo, base, branch, fingerprint, run.machine, gates, run.run_dir, report, messages
-    )
+    try:
+        return _checkpoint(ws, phase, base, branch, run, tested, report, messages)
+    except GitError as exc:
+        mark_unrecorded(run.run.run_dir, f"the checkpoint was refused: {exc}")
+        raise
 
 
 def _checkpoint(
     ws: Workspace,
     phase: Phase,
-    repo: CheckpointRepo,
     base: str,
     branch: str | None,
-    fingerprint: str,
-    machine: MachineInfo,
-    gates: list[GateResult],
-    run_dir: Path,
+    run: PhaseRun,
+    tested: TreeState,
     report: Path,
     messages: list[str],
 ) -> AdvanceOutcome:
     tag = f"{ws.plan.id}/{phase.id}"
-    metrics = headline_metrics(phase, gates)
+    metrics = headline_metrics(phase, run.gates)
     checkpoint = Checkpoint(
         tag=tag,
         base=base,
-        fingerprint=fingerprint,
+        fingerprint=tested.fingerprint,
         time=iso_time(utc_now()),
         report=report.relative_to(ws.root).as_posix(),
         metrics=metrics,
+        open_targets=open_targets(run.gates),
     )
-    paths = [ws.plan_rel, run_dir.relative_to(ws.root).as_posix(), *_existing_paths(repo, phase.paths)]
-    message = commit_message(ws.plan.id, phase, fingerprint, machine, gates, metrics)
+    message = commit_message(ws.plan.id, phase, tested.fingerprint, run.run.machine, run.gates, metrics)
     sha = checkpoints.make_checkpoint(
         ws.root, plan_rel=ws.plan_rel, plan_before=ws.doc.text.encode("utf-8"),
         plan_text=checkpoints.plan_renderer(ws.plan_path, {phase.id: PhaseUpdate("complete", checkpoint)}, ws.doc),
-        paths=paths, message=message, tag=tag, tag_message=message.split("\n", 1)[0], expected_head=base,
+        paths=_existing_paths(ws.root, phase.paths), tested=tested.files,
+        evidence=[run.run.run_dir.relative_to(ws.root).as_posix()],
+        message=message, tag=tag, tag_message=message.split("\n", 1)[0], expected_head=base,
         expected_branch=branch, notes=messages,
     )
     messages.append(f"{phase.id}: PASS; checkpoint {sha[:12]} tagged {tag}; report {checkpoint.report}")
+    if checkpoint.open_targets:
+        messages.append(f"{phase.id}: targets left open: {', '.join(checkpoint.open_targets)}")
     return AdvanceOutcome(
         ExitCode.OK, phase=phase.id, status="complete", report=report, commit=sha, tag=tag, messages=messages
     )
+
+
+def open_targets(gates: list[GateResult]) -> dict[str, OpenTarget]:
+    """The targets the gates missed, by metric (the first gate's, when two aim at one metric)."""
+    found: dict[str, OpenTarget] = {}
+    for gate in gates:
+        for check in gate.targets:
+            if not check.ok and check.metric not in found:
+                found[check.metric] = OpenTarget(target=check.threshold, value=check.value)
+    return found
 
 
 def commit_message(
@@ -386,127 +279,6 @@ def commit_message(
         [(gate.name, gate.outcome) for gate in gates],
         {name: format_metric(value, digits=6) for name, value in metrics.items()},
     )
-
-
-def record_evidence(
-    ws: Workspace,
-    phase_id: str | None,
-    *,
-    results_path: Path | None = None,
-    dry_run: bool = False,
-    machine: MachineInfo | None = None,
-    on_result: ResultFn | None = None,
-    on_progress: ProgressFn | None = None,
-    wait_s: float | None = None,
-    on_start: PhaseStartFn | None = None,
-) -> AdvanceOutcome:
-    """Run (or import from ``results_path``) the gates of ``phase_id``, a phase that waits on an
-    earlier one, and keep them as evidence: a report under ``reports/<plan>/<phase>/<run>/``
-    marked ``evidence`` with the reason. The plan is never changed and nothing is committed.
-
-    Refused (``UsageError``): the next phase itself (advance it), a complete phase (``runner
-    gate`` checks it again), results of another plan, phase or tree, or a ``PASS`` whose
-    metrics miss the plan's thresholds.
-    """
-    if phase_id is None:
-        if results_path is None:
-            raise UsageError("--evidence needs the phase: --phase PHASE (or --results FILE)")
-        held = [p.phase for p in ResultsFile.load(Path(results_path)).phases]
-        if len(held) != 1:
-            raise UsageError(f"{results_path} holds phases {', '.join(held) or 'none'}; name one with --phase")
-        phase_id = held[0]
-    phase = ws.plan.phase(phase_id)
-    upcoming = next_phase(ws.plan)
-    if phase.status == "complete":
-        raise UsageError(
-            f"phase {phase.id} is complete; `runner gate {phase.id}` checks its gates again"
-        )
-    if upcoming is not None and upcoming.id == phase.id:
-        raise UsageError(
-            f"{phase.id} is the next phase: `runner advance` (without --evidence) records its outcome"
-        )
-    reason = f"waiting on {upcoming.id}" if upcoming is not None else "recorded as evidence"
-    if results_path is None:
-        check_calls(ws.doc, phase, ws.root)
-    _check_writes(ws, phase, git=(ws.root / ".git").exists())
-    if dry_run:
-        outcome = _dry_run(ws, phase, results_path, machine)
-        outcome.messages[0] = f"plan {ws.plan.id} ({ws.plan_rel}): evidence for {phase.id} ({reason})"
-        outcome.messages[-1] = "dry run: nothing was changed; the run would change no status and commit nothing"
-        return outcome
-    with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance --evidence", wait_s=wait_s):
-        own_files = [results_path] if results_path is not None else []
-        fingerprint = ws.fingerprint(own_files)
-        try:
-            run, steps, gates, source = _phase_gates(
-                ws, phase, results_path, fingerprint, machine, on_result, on_progress, on_start, base=None,
-                evidence_reason=reason,
-            )
-        except _GatesInterrupted:
-            return AdvanceOutcome(
-                ExitCode.INTERRUPTED, phase=phase.id,
-                messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
-            )
-        phase_results = PhaseResults(phase=phase.id, gates=gates)
-        notes = [f"Evidence only, {reason}: this run changes no status and makes no checkpoint."]
-        outcome = _judge(
-            ws, phase, phase_results, steps, own_files, fingerprint, notes,
-            changed=lambda now: "Every gate passed, but the tree changed while they ran.",
-        )
-        meta = RunMeta(role="evidence", recorded=False, reason=reason)
-        context = ReportContext(ws.plan, phase, outcome, base=None, source=source, notes=notes, meta=meta)
-        report = write_report(run.run_dir, run.results(ws, [phase_results]), context)
-    report_rel = report.relative_to(ws.root).as_posix()
-    return AdvanceOutcome(
-        exit_code_for(outcome), phase=phase.id, report=report,
-        messages=[f"{phase.id}: evidence {outcome} ({reason}); report {report_rel}; "
-                  "status unchanged, nothing committed"],
-    )
-
-
-def load_matching_results(
-    ws: Workspace, phase: Phase, path: Path, fingerprint: str, *, evidence: bool = False
-) -> ResultsFile:
-    """Load ``path`` and check it fits: plan, phase, tree, every gate of the phase present,
-    and every threshold of a gate recorded PASS re-checked here. ``ResultsError`` names what
-    differs. Gates recorded FAIL, ERROR, BLOCKED or SKIPPED are accepted as what they are: the
-    phase is then recorded as failed or blocked, and only an all-PASS file checkpoints."""
-    results = ResultsFile.load(Path(path))
-    where = f"{path}:"
-    if results.plan_id != ws.plan.id:
-        raise ResultsError(f"{where} results are for plan {results.plan_id!r}, not {ws.plan.id!r}")
-    held = [phase_results.phase for phase_results in results.phases]
-    if phase.id not in held:
-        what = "the phase named" if evidence else "the next phase to advance"
-        hint = ""
-        later = [p.id for p in ws.plan.phases if p.id in held and p.status != "complete"]
-        if not evidence and later:
-            hint = (f"; to keep them as evidence for {later[0]} while it waits, run "
-                    f"`runner advance --evidence --results {path}`")
-        raise ResultsError(
-            f"{where} results hold phase(s) {', '.join(held) or 'none'}, not {phase.id!r} ({what}){hint}"
-        )
-    if results.fingerprint != fingerprint:
-        raise ResultsError(
-            f"{where} results were measured on tree {results.fingerprint}, but this tree is "
-            f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
-        )
-    recorded = {gate.name: gate for gate in results.phase(phase.id).gates}
-    problems: list[str] = plan_problems(results.phase(phase.id).gates, ordered_gates(phase))
-    for gate in phase.gates:
-        result = recorded.get(gate.name)
-        if result is None:
-            problems.append(f"gate {gate.name!r} is missing")
-            continue
-        if result.outcome != "PASS":
-            continue
-        for check in check_thresholds(gate.expect, result.metrics):
-            if not check.ok:
-                problems.append(f"gate {gate.name!r}: {check.metric} {check.reason} (plan: {check.threshold})")
-    if problems:
-        doing = "record evidence for" if evidence else "checkpoint"
-        raise ResultsError(f"{where} refusing to {doing} {phase.id}: " + "; ".join(problems))
-    return results
 
 
 def _verdict_kept(ws: Workspace, phase: Phase, run_dir: Path | None) -> RunRecord | None:
@@ -531,12 +303,11 @@ def _write_plan(ws: Workspace, updates: dict[str, PhaseUpdate]) -> None:
         write_plan_text(ws.plan_path, text)
 
 
-def _existing_paths(repo: CheckpointRepo, paths: list[str]) -> list[str]:
+def _existing_paths(root: Path, paths: list[str]) -> list[str]:
     """The phase's paths that exist in the work tree or are tracked (deleted ones count)."""
     kept = []
-    for rel in paths:
-        clean = rel.rstrip("/") or rel
-        if (repo.root / clean).exists() or (repo.root / clean).is_symlink() or repo.is_tracked(clean):
+    for rel in dict.fromkeys(posixpath.normpath(rel) for rel in paths):  # "src/", "./src": "src"
+        clean = rel
+        if (root / clean).exists() or (root / clean).is_symlink() or git.is_tracked(root, clean):
             kept.append(clean)
     return kept
-

@@ -80,3 +80,8 @@ class LockHeldError(RunnerError):
 
 class GitError(RunnerError):
     """A git state the runner refuses to checkpoint in (exit code 2)."""
+
+
+class ReportError(RunnerError):
+    """The run's evidence could not be written under ``reports/`` (a file in the way, a
+    read-only or full disk); the plan is then left as it was (exit code 2)."""

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.protocol import (
+from runner.gates.protocol import (
     ARTIFACT_NAME_PATTERN,
     ARTIFACTS_ENV,
     GATE_ENV,

@@ -17,14 +17,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import runner
-from runner.errors import ExitCode
-from runner.execute import ProgressFn, StartFn, run_steps
-from runner.machine import MachineInfo
-from runner.planning import GateStep
-from runner.results import GateResult, Outcome, PhaseResults, ResultsFile
-from runner.schema import Phase
+from runner.errors import ExitCode, ReportError
+from runner.gates.execute import ProgressFn, StartFn, run_steps
+from runner.plan.order import GateStep
+from runner.plan.schema import Phase
+from runner.records.machine import MachineInfo
+from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
+from runner.records.run_folder import REPORTS_DIR, safe_name
 from runner.timeutil import iso_time, utc_now
-from runner.workspace import REPORTS_DIR, Workspace, safe_name
+from runner.workspace import Workspace
 
 ResultFn = Callable[[str, GateResult], None]
 """Called with (phase id, result) as soon as each gate's result is known."""
@@ -49,17 +50,24 @@ def new_run_id(fingerprint: str, moment: datetime | None = None) -> str:
 
 
 def run_folder(root: Path, plan_id: str, phase_id: str, run_id: str) -> Path:
-    """A fresh ``reports/<plan>/<phase>/<run-id>`` folder (``-2``, ``-3``... when taken), created."""
+    """A fresh ``reports/<plan>/<phase>/<run-id>`` folder (``-2``, ``-3``... when taken), created;
+    ``ReportError`` when it cannot be."""
     parent = Path(root) / REPORTS_DIR / safe_name(plan_id) / safe_name(phase_id)
-    parent.mkdir(parents=True, exist_ok=True)
     name, n = safe_name(run_id), 1
-    while True:
-        candidate = parent / (name if n == 1 else f"{name}-{n}")
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            n += 1
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            candidate = parent / (name if n == 1 else f"{name}-{n}")
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                n += 1
+    except OSError as exc:
+        raise ReportError(
+            f"cannot make the run's folder under {parent}: {exc.strerror or exc}; no gate ran and "
+            f"nothing changed: make {REPORTS_DIR}/ a writable folder"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -7,25 +7,14 @@ computes the tree fingerprint with the plan file and ``reports/`` left out. Read
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.fingerprint import tree_fingerprint
-from runner.planfile import PlanDocument, find_plan, load_plan
-from runner.schema import Plan
-
-REPORTS_DIR = "reports"
-"""Where runs are kept, relative to the root: ``reports/<plan>/<phase>/<run-id>/``."""
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def safe_name(text: str) -> str:
-    """``text`` reduced to letters, digits and ``._-`` (for folder and file names)."""
-    return _UNSAFE.sub("-", text).strip("-.") or "x"
-
+from runner.plan.load import PlanDocument, find_plan, load_plan
+from runner.plan.schema import Plan
+from runner.records.run_folder import REPORTS_DIR
+from runner.repo.fingerprint import TreeState, tree_state
 
 def find_repo_root(start: Path | None = None) -> Path:
     """The nearest folder from ``start`` (default: the working directory) upwards that has a
@@ -58,7 +47,11 @@ class Workspace:
             return str(self.plan_path)
 
     def fingerprint(self, also_exclude: Sequence[Path] = ()) -> str:
-        """The tree fingerprint, without the plan file and ``reports/``.
+        """The tree fingerprint, without the plan file and ``reports/`` (``tree_state``)."""
+        return self.tree_state(also_exclude).fingerprint
+
+    def tree_state(self, also_exclude: Sequence[Path] = ()) -> TreeState:
+        """The tree's files and fingerprint, without the plan file and ``reports/``.
 
         ``also_exclude`` names the runner's own files for this command (a results file, a logs
         folder): those inside the root are left out too, so writing or copying them into the
@@ -70,7 +63,7 @@ class Workspace:
                 exclude.append(Path(path).resolve().relative_to(self.root.resolve()).as_posix())
             except ValueError:
                 continue  # outside the tree: not part of the fingerprint anyway
-        return tree_fingerprint(self.root, exclude=exclude)
+        return tree_state(self.root, exclude=exclude)
 
     def reload(self) -> Workspace:
         return Workspace(self.root, self.plan_path, load_plan(self.plan_path))

@@ -1,9 +1,9 @@
 """The ``runner`` command line: ``status``, ``advance``, ``gate``, ``report``, ``history``, ``diff``
 and ``init``.
 
-Each command lives in its own module and only calls the use cases (``runner.status``,
-``runner.advance``, ``runner.gate``, ``runner.html_report``, ``runner.history``,
-``runner.metrics_diff``, ``runner.init``); domain errors become a one-line message on stderr
+Each command lives in its own module and only calls the use cases (``runner.views.status``,
+``runner.advance``, ``runner.check``, ``runner.views.html``, ``runner.views.history``,
+``runner.views.diff``, ``runner.plan.scaffold``); domain errors become a one-line message on stderr
 and an exit code (see ``runner.errors.ExitCode``).
 """
 

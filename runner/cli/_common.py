@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.text import Text
 
 from runner.errors import ExitCode, RunnerError
-from runner.results import GateResult
+from runner.records.results import GateResult
 
 EXIT_CODES_EPILOG = (
     "Exit codes: 0 all passed; 1 a gate failed; 2 usage or plan error; "

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from runner.check import check_phases
 from runner.cli._common import PLAN_HELP, GateOutput, domain_errors
-from runner.gate import check_phases
 from runner.runs import interrupt_on_sigterm
 from runner.workspace import open_workspace
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
-from runner.formatting import format_metric, short, text_columns
-from runner.history import RunRecord, describe_machine, find_runs, plan_checkpoints
-from runner.report import headline_metrics
-from runner.schema import Plan
+from runner.errors import UsageError
+from runner.formatting import format_metric, json_text, one_line, short, text_columns
+from runner.plan.schema import Phase, Plan
+from runner.records.results import MetricCheck
+from runner.records.run_folder import headline_metrics, target_checks
+from runner.views.history import RunRecord, describe_machine, describe_targets, find_runs, plan_checkpoints
 from runner.workspace import open_workspace
 
 
@@ -33,21 +34,23 @@ def history(
         scan = find_runs(ws.root, ws.plan.id, phase)
         checkpoints = [c for c in plan_checkpoints(ws) if phase is None or c.phase == phase]
     if as_json:
-        typer.echo(json.dumps({
+        typer.echo(json_text({
             "plan": {"id": ws.plan.id, "path": ws.plan_rel},
-            "runs": [{**run.to_json(ws.root), "headline": _headline(ws.plan, run)} for run in scan.runs],
+            "runs": [{**run.to_json(ws.root), "headline": _headline(ws.plan, run),
+                      "targets": [check.model_dump(mode="json") for check in _targets(ws.plan, run)]}
+                     for run in scan.runs],
             "checkpoints": [record.to_json() for record in checkpoints],
             "skipped": scan.skipped,
-        }, indent=2))
+        }))
         return
     lines = [f"plan {ws.plan.id} ({ws.plan_rel})", "", "runs:"]
     if scan.runs:
-        rows = [("phase", "run", "time", "outcome", "machine", "tree", "machine fp", "headline", "note")]
+        rows = [("phase", "run", "time", "outcome", "machine", "tree", "machine fp", "headline", "targets", "note")]
         rows += [
             (run.phase or "-", run.path.parent.name, run.results.created, run.outcome,
              describe_machine(run.machine), short(run.results.fingerprint), short(run.machine.fingerprint),
-             ", ".join(f"{k}={format_metric(v)}" for k, v in _headline(ws.plan, run).items()) or "-",
-             _note(run))
+             ", ".join(f"{one_line(k)}={format_metric(v)}" for k, v in _headline(ws.plan, run).items()) or "-",
+             describe_targets(_targets(ws.plan, run)) or "-", _note(run))
             for run in scan.runs
         ]
         lines += text_columns(rows)
@@ -70,14 +73,31 @@ def history(
 
 def _headline(plan: Plan, run: RunRecord) -> dict:
     """The run's headline metrics for its phase (``{}`` for a file of several phases)."""
-    if run.phase is None:
-        return {}
-    try:
-        phase = plan.phase(run.phase)
-    except Exception:  # noqa: BLE001 - a folder of a phase the plan no longer has
+    phase = _phase_of(plan, run)
+    if phase is None:
         return {}
     [results] = run.phase_results()
     return headline_metrics(phase, results.gates)
+
+
+def _targets(plan: Plan, run: RunRecord) -> list[MetricCheck]:
+    """The plan's targets of the run's phase, checked against what the run measured."""
+    phase = _phase_of(plan, run)
+    if phase is None:
+        return []
+    [results] = run.phase_results()
+    return target_checks(phase, results.gates)
+
+
+def _phase_of(plan: Plan, run: RunRecord) -> Phase | None:
+    """The plan's phase of a run found in its folder; ``None`` for a file of several phases or
+    a folder of a phase the plan no longer has."""
+    if run.phase is None:
+        return None
+    try:
+        return plan.phase(run.phase)
+    except UsageError:
+        return None
 
 
 def _note(run: RunRecord) -> str:

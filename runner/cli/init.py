@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from runner.cli._common import domain_errors
-from runner.init import DEFAULT_PHASES, init_plan
+from runner.plan.scaffold import DEFAULT_PHASES, init_plan
+from runner.workspace import find_repo_root
 
 
 def init(
@@ -27,6 +28,16 @@ def init(
     Refuses (exit 2) when PATH already exists.
     """
     with domain_errors():
-        doc = init_plan(path, phases=phases.split(","), plan_id=plan_id, title=title)
+        doc = init_plan(path, phases=phases.split(","), plan_id=plan_id, title=title, shown_as=_from_root(path))
     ids = ", ".join(phase.id for phase in doc.plan.phases)
     typer.echo(f"plan {doc.plan.id} written to {path} (phases: {ids}); check it with `runner status --plan {path}`")
+
+
+def _from_root(path: Path) -> str:
+    """How the plan names itself in its placeholders: from the repository's root
+    (``plans/demo.md``), else as given."""
+    root = find_repo_root(path.parent)
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(path)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
-from runner.html_report import DEFAULT_OUT, write_html_report
+from runner.views.html import DEFAULT_OUT, write_html_report
 from runner.workspace import open_workspace
 
 

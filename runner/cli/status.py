@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -11,11 +11,19 @@ import typer
 from rich.table import Table
 
 from runner.cli._common import PLAN_HELP, domain_errors, stdout_console
-from runner.formatting import format_metric
-from runner.history import PhaseRuns, describe_phase, find_runs, phase_runs
-from runner.report import headline_metrics
-from runner.status import StatusView, plan_status
-from runner.workspace import Workspace, open_workspace
+from runner.formatting import format_metric, json_text, one_line
+from runner.records.results import MetricCheck
+from runner.views.history import (
+    PhaseRuns,
+    describe_phase,
+    describe_targets,
+    find_runs,
+    phase_headline,
+    phase_runs,
+    phase_targets,
+)
+from runner.views.status import StatusView, plan_status
+from runner.workspace import open_workspace
 
 
 def status(
@@ -26,36 +34,40 @@ def status(
     with domain_errors():
         ws = open_workspace(plan)
         view = plan_status(ws)
-        runs = phase_runs(find_runs(ws.root, ws.plan.id))
+        scan = find_runs(ws.root, ws.plan.id)
+        runs = phase_runs(scan)
+    for problem in scan.skipped:
+        typer.echo(f"runner: warning: {problem}", err=True)
     described = {p.id: describe_phase(p.status, runs.get(p.id), socket.gethostname()) for p in view.phases}
-    headline = {p.id: _headline(ws, p.id, p.checkpoint, runs.get(p.id)) for p in view.phases}
+    facts = {
+        p.id: _Facts(phase_headline(ws.plan, p.id, p.checkpoint, runs.get(p.id)),
+                     phase_targets(ws.plan, p.id, p.checkpoint, runs.get(p.id)))
+        for p in view.phases
+    }
     if as_json:
         data = view.to_json()
         for phase in data["phases"]:
+            found = facts[phase["id"]]
             phase["summary"] = described[phase["id"]]
-            phase["headline"] = headline[phase["id"]][0]
-            phase["headline_source"] = headline[phase["id"]][1]
+            phase["headline"], phase["headline_source"] = found.headline
+            phase["targets"] = [check.model_dump(mode="json") for check in found.targets[0]]
+            phase["targets_source"] = found.targets[1]
             phase["runs"] = _runs_json(runs.get(phase["id"]))
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(json_text(data))
         return
     console = stdout_console()
     if console.is_terminal:
-        console.print(_table(view, described, headline))
+        console.print(_table(view, described, facts))
     else:
-        typer.echo(_plain(view, described, headline))
+        typer.echo(_plain(view, described, facts))
 
 
-def _headline(ws: Workspace, phase_id: str, checkpoint, runs: PhaseRuns | None) -> tuple[dict, str | None]:
-    """The phase's headline metrics and where they come from: its checkpoint, else the run
-    that explains its status (or the evidence that waits)."""
-    if checkpoint is not None and checkpoint.metrics:
-        return dict(checkpoint.metrics), f"checkpoint {checkpoint.tag}"
-    shown = runs.shown if runs is not None else None
-    if shown is None:
-        return {}, None
-    [results] = shown.phase_results()
-    metrics = headline_metrics(ws.plan.phase(phase_id), results.gates)
-    return metrics, (f"run {shown.run_id}" if metrics else None)
+@dataclass(frozen=True)
+class _Facts:
+    """A phase's headline metrics and targets, each with where it comes from."""
+
+    headline: tuple[dict, str | None]
+    targets: tuple[list[MetricCheck], str | None]
 
 
 def _runs_json(runs: PhaseRuns | None) -> dict:
@@ -70,12 +82,12 @@ def _runs_json(runs: PhaseRuns | None) -> dict:
 
 
 def _metrics(metrics: dict) -> str:
-    return ", ".join(f"{name}={format_metric(value)}" for name, value in metrics.items())
+    return ", ".join(f"{one_line(name)}={format_metric(value)}" for name, value in metrics.items())
 
 
-def _table(view: StatusView, described: dict[str, str], headline: dict[str, tuple[dict, str | None]]) -> Table:
+def _table(view: StatusView, described: dict[str, str], facts: dict[str, _Facts]) -> Table:
     table = Table(title=f"{view.plan_id}: {view.plan_title}" if view.plan_title else view.plan_id)
-    for column in ("", "phase", "status", "checkpoint", "time", "commit", "headline metrics"):
+    for column in ("", "phase", "status", "checkpoint", "time", "commit", "headline metrics", "targets"):
         table.add_column(column)
     for phase in view.phases:
         record = phase.checkpoint
@@ -86,13 +98,14 @@ def _table(view: StatusView, described: dict[str, str], headline: dict[str, tupl
             record.tag if record else "",
             record.time if record else "",
             (record.commit or "")[:12] if record else "",
-            _metrics(headline[phase.id][0]),
+            _metrics(facts[phase.id].headline[0]),
+            describe_targets(facts[phase.id].targets[0]),
         )
     table.caption = f"next: {view.next_phase}" if view.next_phase else "every phase is complete"
     return table
 
 
-def _plain(view: StatusView, described: dict[str, str], headline: dict[str, tuple[dict, str | None]]) -> str:
+def _plain(view: StatusView, described: dict[str, str], facts: dict[str, _Facts]) -> str:
     lines = [f"plan {view.plan_id} ({view.plan_path})"]
     for phase in view.phases:
         marker = "->" if phase.next else "  "
@@ -101,8 +114,13 @@ def _plain(view: StatusView, described: dict[str, str], headline: dict[str, tupl
         if record is not None:
             commit = f" commit {record.commit[:12]}" if record.commit else ""
             lines.append(f"     checkpoint {record.tag} at {record.time}{commit}")
-        metrics, source = headline[phase.id]
+        metrics, source = facts[phase.id].headline
         if metrics:
             lines.append(f"     {_metrics(metrics)}" + (f" ({source})" if record is None and source else ""))
+        targets, source = facts[phase.id].targets
+        if targets and record is not None:
+            lines.append(f"     targets the checkpoint left open: {describe_targets(targets).partition('; open: ')[2]}")
+        elif targets:
+            lines.append(f"     targets: {describe_targets(targets)}")
     lines.append(f"next: {view.next_phase}" if view.next_phase else "every phase is complete")
     return "\n".join(lines)

@@ -593,7 +593,7 @@ def test_tune_compile_only_compiles_for_sm90_on_a_cpu():
 
 def test_plan_kernel_phase_gates_point_at_real_callables_and_metrics():
     """Structural only: every gate's callable exists and every expected metric is one the gate produces."""
-    from runner import planfile
+    from runner.plan import load as planfile
 
     kernel_phase = planfile.load_plan(PLAN_PATH).plan.phase("kernel")
     gates = {gate.name: gate for gate in kernel_phase.gates}
@@ -616,7 +616,7 @@ def test_plan_kernel_phase_gates_point_at_real_callables_and_metrics():
 
 
 def test_plan_validates_against_the_runner_schema():
-    from runner import planfile
+    from runner.plan import load as planfile
 
     document = planfile.load_plan(PLAN_PATH)
     assert document.status_section is not None

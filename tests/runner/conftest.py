@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner import machine as machine_module
+from runner.records import machine as machine_module
 from tests.runner.repo_fixtures import cli, copy_without_git, fake_machine, gpu_phases, make_repo
 
 

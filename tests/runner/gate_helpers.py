@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.schema import Gate
+from runner.plan.schema import Gate
 
 
 def make_gate(name: str = "g", kind: str = "verify", **fields: Any) -> Gate:
-    """A real ``runner.schema.Gate``; ``expect`` values may be threshold strings."""
+    """A real ``runner.plan.schema.Gate``; ``expect`` values may be threshold strings."""
     return Gate.model_validate({"name": name, "kind": kind, **fields})
 
 

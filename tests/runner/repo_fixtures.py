@@ -16,7 +16,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.machine import MachineInfo, parse_devices
+from runner.records.machine import MachineInfo, parse_devices
 
 PY = shlex.quote(sys.executable)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runner.planfile import load_plan
-from runner.results import GateResult, PhaseResults, ResultsFile
+from runner.plan.load import load_plan
+from runner.records.results import GateResult, PhaseResults, ResultsFile
 from runner.workspace import Workspace
 from tests.runner.repo_fixtures import fake_machine
 

@@ -9,7 +9,7 @@ import threading
 import time
 
 from runner.errors import ExitCode
-from runner.planfile import load_plan
+from runner.plan.load import load_plan
 from tests.runner.repo_fixtures import (
     METRICS_OK,
     PY,

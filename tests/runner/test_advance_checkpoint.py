@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 
-from runner import checkpoint as cp
-from runner.errors import ExitCode
-from runner.planfile import load_plan
 from runner.atomic import write_atomic
-from runner.rewrite import PhaseUpdate, render_updates
-from runner.schema import Checkpoint
+from runner.errors import ExitCode
+from runner.plan.load import load_plan
+from runner.plan.rewrite import PhaseUpdate, render_updates
+from runner.plan.schema import Checkpoint
+from runner.repo import checkpoint as cp
 from tests.runner.repo_fixtures import (
     PY,
     cli,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import checkpoint as cp
 from runner.errors import GitError
-from runner.procgroup import group_members
+from runner.gates.procgroup import group_members
+from runner.repo import checkpoint as cp
+from runner.repo.fingerprint import tree_state
 from tests.runner.repo_fixtures import git as _git, write
 
 PLAN = "plans/p.md"
@@ -56,11 +57,16 @@ def render(data: bytes) -> str:
 MESSAGE = cp.commit_message("demo", "alpha", "sha256:f", "m1", "no GPU", "host", [("build", "PASS")], {})
 
 
+def files_as_tested(root: Path) -> dict[str, str]:
+    """The tree as the gates saw it: now (the plan and reports/ left out, as the runner does)."""
+    return dict(tree_state(root, exclude=[PLAN, "reports"]).files)
+
+
 def run_checkpoint(root: Path, head: str, **overrides) -> str:
     kwargs = dict(
-        plan_rel=PLAN, plan_before=BEFORE, plan_text=render, paths=[PLAN, "reports/run1", "src"],
-        message=MESSAGE, tag=TAG, tag_message="demo/alpha: checkpoint", expected_head=head,
-        expected_branch="refs/heads/main",
+        plan_rel=PLAN, plan_before=BEFORE, plan_text=render, paths=["src"], evidence=["reports/run1"],
+        tested=files_as_tested(root), message=MESSAGE, tag=TAG, tag_message="demo/alpha: checkpoint",
+        expected_head=head, expected_branch="refs/heads/main",
     )
     kwargs.update(overrides)
     return cp.make_checkpoint(root, **kwargs)
@@ -199,7 +205,7 @@ def test_plan_that_is_a_symbolic_link_commits_its_target(tmp_path):
     git(root, "add", "-A", "plans")
     git(root, "commit", "-qm", "plan is a link")
     base = git(root, "rev-parse", "HEAD")
-    run_checkpoint(root, base, paths=[PLAN])
+    run_checkpoint(root, base, paths=[], evidence=[])
     assert (root / PLAN).is_symlink()
     assert git(root, "show", "HEAD:plans/real.md").startswith("---") and "complete" in git(root, "show", "HEAD:plans/real.md")
     assert git(root, "ls-tree", "HEAD", PLAN).split()[0] == "120000"

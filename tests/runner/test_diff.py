@@ -8,10 +8,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from runner.plan.schema import Gate
+from runner.views.diff import compare_metric, diff_runs
+from runner.views.history import resolve_run
 from runner.workspace import open_workspace
-from runner.history import resolve_run
-from runner.metrics_diff import compare_metric, diff_runs
-from runner.schema import Gate
 from tests.runner.repo_fixtures import (
     METRICS_OK,
     cli,
@@ -158,7 +158,7 @@ def test_real_kernel_run_against_itself_on_the_shipped_plan():
 def _record(run_id, gates, phase="alpha"):
     from pathlib import Path
 
-    from runner.history import RunRecord
+    from runner.views.history import RunRecord
 
     run = results(run_id=run_id, created="2026-12-01T10:00:00Z", gates=gates, phase=phase)
     return RunRecord(path=Path("/nonexistent") / run_id / "results.json", results=run, phase=phase)
@@ -171,23 +171,23 @@ def _gate(name, outcome, metrics):
 
 
 def test_gate_that_did_not_run_is_not_run_not_removed(tmp_path):
-    from runner.planfile import load_plan
+    from runner.plan.load import load_plan
 
     repo = make_repo(tmp_path / "repo", tolerant_phases({}))
     plan = load_plan(repo.plan).plan
-    old = _record("r1", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 1.0})])
-    new = _record("r2", [_gate("check", "BLOCKED", {})])
+    old = _record("20261201T100000Z-00000001", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 1.0})])
+    new = _record("20261201T100000Z-00000002", [_gate("check", "BLOCKED", {})])
     result = diff_runs(plan, old, new)
     assert {row.verdict for row in result.rows} == {"not run"}
 
 
 def test_noise_without_threshold_is_hidden_by_default(tmp_path):
-    from runner.planfile import load_plan
+    from runner.plan.load import load_plan
 
     repo = make_repo(tmp_path / "repo", tolerant_phases({}))
     plan = load_plan(repo.plan).plan
-    old = _record("r1", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.0, "n": 5})])
-    new = _record("r2", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.2, "n": 9})])
+    old = _record("20261201T100000Z-00000001", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.0, "n": 5})])
+    new = _record("20261201T100000Z-00000002", [_gate("check", "PASS", {"speedup": 2.0, "errors": 0, "t_ms": 100.2, "n": 9})])
     shown = {row.metric for row in diff_runs(plan, old, new).rows if row.notable}
     assert shown == {"speedup", "errors", "n"}  # thresholds always; t_ms moved 0.2%: noise
 
@@ -201,3 +201,35 @@ def test_markdown_format(tmp_path, runner_env):
     assert "| phase | gate | metric |" in result.stdout and "**regression**" in result.stdout
     bad = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--format", "html")
     assert bad.exit_code == 2
+
+
+def test_not_run_rows_are_left_out_by_default_and_counted(tmp_path, runner_env):
+    """A CPU run that only blocked against a GPU run: every metric of the blocked gates is
+    "not run"; the default view names how many it left out instead of listing them."""
+    phases = tolerant_phases({})
+    repo = make_repo(tmp_path / "repo", phases, git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    blocked = results(run_id=NEW[0], created=NEW[1], gates=[
+        gate_result("build", "build"),
+        gate_result("check", outcome="BLOCKED", reason="needs cuda", exit_code=None, duration_s=0.0)])
+    write_run(repo.root, blocked)
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0])
+    assert "not run" not in [line.split()[-1] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert "2 metric(s) of gates that did not run in one of the runs" in result.stdout
+    assert "not run" in cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--all").stdout
+
+
+def test_markdown_header_names_each_run_once(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.8)
+    text = cli(runner_env, repo.root, "diff", OLD[0], NEW[0], "--format", "markdown").stdout
+    assert f"- A: `{OLD[0]}` ({OLD[1]}, testhost: no GPU)" in text and "((" not in text
+
+
+def test_worse_without_a_tolerance_is_named_not_silently_no_regression(tmp_path, runner_env):
+    repo = make_repo(tmp_path / "repo", tolerant_phases({}), git_init=False)
+    check_run(repo.root, *OLD, speedup=2.0)
+    check_run(repo.root, *NEW, speedup=1.6)
+    last = cli(runner_env, repo.root, "diff", OLD[0], NEW[0]).stdout.splitlines()[-1]
+    assert last == "no regression; 1 metric(s) worse with no tolerance declared, so not judged: check.speedup"

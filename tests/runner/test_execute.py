@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import execute
-from runner.execute import run_gate, run_steps
-from runner.results import GateResult
+from runner.gates import execute
+from runner.gates.execute import run_gate, run_steps
+from runner.records.results import GateResult
 from tests.runner.gate_helpers import (
     DuckGate,
     Step,

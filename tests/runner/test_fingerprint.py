@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runner.errors import UsageError
-from runner.fingerprint import fingerprint_files, tree_fingerprint
+from runner.repo.fingerprint import fingerprint_files, tree_fingerprint
 
 GIT_ENV = {
     "GIT_CONFIG_GLOBAL": os.devnull,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from runner.execute import run_gate
-from runner.results import ResultsFile
+from runner.gates.execute import run_gate
+from runner.records.results import ResultsFile
 from tests.runner.gate_helpers import make_gate
 from tests.runner.repo_fixtures import (
     cli,

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from runner import gatekit
-from runner.plots import read_plot_document
-from runner.protocol import GateFiles
+from runner.gates.protocol import GateFiles
+from runner.views.plots import read_plot_document
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import gateoutput
-from runner.execute import run_gate
-from runner.protocol import ARTIFACTS_ENV, STATUS_ENV
+from runner import untrusted
+from runner.gates import output as gateoutput
+from runner.gates.execute import run_gate
+from runner.gates.protocol import ARTIFACTS_ENV, STATUS_ENV
 from tests.runner.gate_helpers import make_gate, python_cmd
 
 
@@ -85,23 +86,23 @@ def test_artifact_fifo_and_huge_and_many_files_are_skipped(repo):
 def test_read_bounded_fifo_does_not_block(tmp_path):
     fifo = tmp_path / "f"
     os.mkfifo(fifo)
-    with pytest.raises(gateoutput.OutputError, match="FIFO"):
-        gateoutput.read_bounded(fifo, 100)
+    with pytest.raises(untrusted.UntrustedFileError, match="FIFO"):
+        untrusted.read_bounded(fifo, 100)
 
 
 def test_read_bounded_tail_and_missing(tmp_path):
-    assert gateoutput.read_bounded(tmp_path / "none", 10) is None
+    assert untrusted.read_bounded(tmp_path / "none", 10) is None
     (tmp_path / "f").write_bytes(b"x" * 100 + b"END")
-    assert gateoutput.read_bounded(tmp_path / "f", 3, tail=True) == b"END"
-    with pytest.raises(gateoutput.OutputError, match="over the 3-byte limit"):
-        gateoutput.read_bounded(tmp_path / "f", 3)
+    assert untrusted.read_bounded(tmp_path / "f", 3, tail=True) == b"END"
+    with pytest.raises(untrusted.UntrustedFileError, match="over the 3-byte limit"):
+        untrusted.read_bounded(tmp_path / "f", 3)
 
 
 @pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": -1e999}', '{"a": 1.5, "b": "x", "c": [1, {"d": 2}]}',
                                   '{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}',
                                   '{"a": "\\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}'])
 def test_parse_json_accepts_what_json_module_accepts(text):
-    assert repr(gateoutput.parse_json(text)) == repr(json.loads(text))
+    assert repr(untrusted.parse_json(text)) == repr(json.loads(text))
 
 
 def test_progress_reads_the_last_good_line(tmp_path):
@@ -137,7 +138,7 @@ def test_read_status_refuses_what_a_child_could_not_have_written(tmp_path, conte
 
 
 def test_artifact_listing_reads_a_bounded_number_of_entries(tmp_path, monkeypatch):
-    from runner import execute
+    from runner.gates import execute
 
     folder = tmp_path / "artifacts"
     folder.mkdir()

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from runner.errors import UsageError
+from runner.views.history import find_runs, latest_runs, resolve_run
 from runner.workspace import open_workspace
-from runner.history import find_runs, latest_runs, resolve_run
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from runner.records.results import ResultsFile
+from runner.records.run_folder import ReportContext, render_report
+from runner.views.html import render_html_report, write_html_report
 from runner.workspace import open_workspace
-from runner.html_report import render_html_report, write_html_report
-from runner.report import ReportContext, render_report
-from runner.results import ResultsFile
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,
@@ -52,6 +52,9 @@ def test_shipped_plan_page(shipped_page):
     for link in links:
         assert (out.parent / link).resolve().is_file(), link
     assert any(link.endswith(f"{REAL_RUN.name}/report.md") for link in links)
+    # the timeline shows the headline metrics status shows: from the run, as there is no checkpoint
+    timeline_row = re.search(r'<tr class="next">.*?</tr>', html, re.S).group(0)
+    assert "min_speedup_64k=6.85" in timeline_row
 
 
 def test_history_across_runs_and_checkpoint_links(tmp_path, runner_env):

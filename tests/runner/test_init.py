@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from runner.planfile import load_plan
+from runner.plan.load import load_plan
 from tests.runner.repo_fixtures import cli
 
 

@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from runner.junit import junit_xml, summary_markdown, write_junit
-from runner.results import ResultsFile
+from runner.records.results import ResultsFile
+from runner.views.junit import junit_xml, summary_markdown, write_junit
 from tests.runner.repo_fixtures import (
     cli,
     make_repo,
@@ -50,7 +50,7 @@ def test_every_outcome_maps_to_its_junit_element(tmp_path):
         gate_result("later", outcome="SKIPPED", reason="an earlier gate failed"),
     ]
     path = tmp_path / "junit.xml"
-    path.write_text(junit_xml(results(run_id="r1", created="2026-12-01T00:00:00Z", gates=gates)))
+    path.write_text(junit_xml(results(run_id="20261201T000000Z-00000001", created="2026-12-01T00:00:00Z", gates=gates)))
     [suite], cases = cases_by_name(path)
     assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (5, 1, 1, 2)
     assert cases["ok"].is_passed

@@ -19,7 +19,7 @@ def test_completed_with_no_complete_phase_writes_an_empty_junit_report(tmp_path,
 
 
 def test_empty_junit_xml_escapes_the_plan_id():
-    from runner.junit import empty_junit_xml
+    from runner.views.junit import empty_junit_xml
     import xml.etree.ElementTree as ET
 
     root = ET.fromstring(empty_junit_xml('a"<b>&c').split("\n", 1)[1])
@@ -28,7 +28,7 @@ def test_empty_junit_xml_escapes_the_plan_id():
 
 def test_check_phases_itself_writes_the_empty_report(tmp_path):
     """The use case, not only the command line, keeps the promise (other front ends call it)."""
-    from runner.gate import check_phases
+    from runner.check import check_phases
     from runner.workspace import open_workspace
 
     repo = make_repo(tmp_path / "repo")
@@ -42,8 +42,8 @@ def test_junit_does_not_import_the_report_module():
     import ast
     from pathlib import Path
 
-    import runner.junit
+    import runner.views.junit
 
-    tree = ast.parse(Path(runner.junit.__file__).read_text())
+    tree = ast.parse(Path(runner.views.junit.__file__).read_text())
     modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert "runner.report" not in modules and "runner.formatting" in modules
+    assert "runner.records.run_folder" not in modules and "runner.formatting" in modules

@@ -1,4 +1,5 @@
-"""The runner's import graph: no cycles, read-only modules above no execution, the CLI on top.
+"""The runner's import graph: the layers of docs/ARCHITECTURE.md (a module imports only its own
+layer and the ones below), no cycles, read-only modules above no execution, the CLI on top.
 
 Edges are read from the source (``from runner.x import ...`` and ``import runner.x``, at any
 depth of the module), so a lazy import inside a function counts too.
@@ -12,16 +13,42 @@ from pathlib import Path
 
 import pytest
 
-RUNNER = Path(__file__).resolve().parents[2] / "runner"
+import runner
+
+RUNNER = Path(runner.__file__).resolve().parent  # the installed runner, or this checkout's
 
 # The foundation: imports nothing of the runner but these (a gate imports gatekit).
-BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.protocol",
-        "runner.atomic", "runner.gatekit"}
+BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.gates",
+        "runner.gates.protocol", "runner.atomic", "runner.untrusted", "runner.gatekit"}
 # Read-only views: they must not pull in gate execution, locking or the use cases.
-READ_ONLY = {"runner.workspace", "runner.status", "runner.history", "runner.html_report",
-             "runner.metrics_diff", "runner.plots", "runner.report", "runner.formatting"}
-EXECUTION = {"runner.execute", "runner.runs", "runner.gate", "runner.advance", "runner.lock",
-             "runner.verdict", "runner.procgroup", "runner.gatelog"}
+READ_ONLY = {"runner.workspace", "runner.views.status", "runner.views.history", "runner.views.html",
+             "runner.views.diff", "runner.views.plots", "runner.records.run_folder", "runner.formatting"}
+EXECUTION = {"runner.gates.execute", "runner.runs", "runner.check", "runner.advance", "runner.repo.lock",
+             "runner.gates.verdict", "runner.gates.procgroup", "runner.gates.log"}
+
+# The layers of docs/ARCHITECTURE.md, from the base up: module names, or "pkg.*" for a group.
+LAYERS = [
+    ("base", BASE | {"runner.templating"}),
+    ("plan", {"runner.plan.*"}),
+    ("repo", {"runner.repo.*"}),
+    ("records", {"runner.records.*"}),
+    ("gates", {"runner.gates.*"}),
+    ("context", {"runner.workspace", "runner.runs", "runner.phase_run"}),
+    ("views", {"runner.views.*"}),
+    ("use cases", {"runner.advance", "runner.evidence", "runner.check"}),
+    ("command line", {"runner.cli", "runner.cli.*", "runner.__main__"}),
+]
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of ``module``: its own name first, else its group's."""
+    for index, (_, members) in enumerate(LAYERS):
+        if module in members:
+            return index
+    for index, (_, members) in enumerate(LAYERS):
+        if any(member.endswith(".*") and (module + ".").startswith(member[:-1]) for member in members):
+            return index
+    raise AssertionError(f"{module} is in no layer of LAYERS (docs/ARCHITECTURE.md)")
 
 
 def _module_name(path: Path) -> str:
@@ -59,6 +86,13 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 GRAPH = import_graph()
 
 
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_a_module_imports_only_its_layer_and_the_ones_below(module):
+    own = layer_of(module)
+    above = {target for target in GRAPH[module] if layer_of(target) > own}
+    assert above == set(), f"{module} ({LAYERS[own][0]}) imports from a layer above it: {above}"
+
+
 def test_no_cycles():
     graphlib.TopologicalSorter(GRAPH).prepare()  # raises CycleError naming the cycle
 
@@ -87,7 +121,3 @@ def test_one_clock_only_timeutil_reads_the_time():
         assert "datetime.now(" not in path.read_text(encoding="utf-8"), path
 
 
-def test_checkpoint_repo_has_no_unused_branch_query():
-    from runner.gitops import CheckpointRepo
-
-    assert not hasattr(CheckpointRepo, "branch")

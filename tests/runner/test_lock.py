@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runner.errors import LockHeldError
-from runner.lock import STALE_UNREADABLE_S, lock_path, repo_lock
+from runner.repo.lock import STALE_UNREADABLE_S, lock_path, repo_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,7 +125,7 @@ def test_stale_lock_race_has_one_winner(tmp_path):
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
         from runner.errors import LockHeldError
-        from runner.lock import repo_lock
+        from runner.repo.lock import repo_lock
         time.sleep(max(0.0, {start_at!r} - time.time()))
         try:
             with repo_lock({str(tmp_path)!r}, "racer"):

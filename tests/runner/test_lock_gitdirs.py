@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.fingerprint import fingerprint_files, tree_fingerprint
-from runner.lock import lock_path, repo_lock
+from runner.repo.fingerprint import fingerprint_files, tree_fingerprint
+from runner.repo.lock import lock_path, repo_lock
 from tests.runner.repo_fixtures import git, write
 
 

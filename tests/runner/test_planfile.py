@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.errors import PlanError, UsageError
-from runner.planfile import STATUS_BEGIN, STATUS_END, find_plan, load_plan
-from runner.thresholds import Threshold
+from runner.plan.load import STATUS_BEGIN, STATUS_END, find_plan, load_plan
+from runner.plan.thresholds import Threshold
 
 from .plan_samples import MARKDOWN_PLAN, YAML_PLAN, write_plan
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from runner.planning import GateStep, next_phase, ordered_gates, plan_run
-from runner.schema import Phase, Plan
+from runner.plan.order import GateStep, next_phase, ordered_gates, plan_run
+from runner.plan.schema import Phase, Plan
 
 
 def _plan(*statuses: str) -> Plan:

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from runner import gatekit
-from runner.plots import declared_plot, read_plot_document
+from runner.views.plots import declared_plot, read_plot_document
 from tests.runner.repo_fixtures import PY, cli, gate, make_repo, write
 from tests.runner.run_samples import ROOT
 
@@ -96,5 +96,7 @@ gatekit.write_artifact("odd.plot.json", '{"format": "runner.plot/1", "title": 5}
     assert "baseline (reference)" in html and "stroke-dasharray" in html
     assert "latency: odd.plot.json: expected a string title" in html
     run = next((repo.root / "reports" / "demo" / "alpha").glob("*/results.json"))
-    artifacts = json.loads(run.read_text())["phases"][0]["gates"][0]["artifacts"]
-    assert json.loads(artifacts["latency.plot.json"])["format"] == "runner.plot/1"
+    gate_record = json.loads(run.read_text())["phases"][0]["gates"][0]
+    assert gate_record["artifacts"] == {}  # results.json names the files; the text is in them
+    plot_file = run.parent / gate_record["artifact_files"]["latency.plot.json"]
+    assert json.loads(plot_file.read_text())["format"] == "runner.plot/1"

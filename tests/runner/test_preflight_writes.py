@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from runner import preflight
 from runner.errors import ExitCode
+from runner.gates import preflight
 from tests.runner.repo_fixtures import cli, default_phases, gate, make_repo, write
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import procgroup
+from runner.gates import procgroup
 from tests.runner.gate_helpers import pid_alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
@@ -53,7 +53,7 @@ def test_second_interrupt_during_the_grace_period_kills_the_group(monkeypatch):
 RUNNER = """
 import sys
 from pathlib import Path
-from runner.execute import run_gate
+from runner.gates.execute import run_gate
 from tests.runner.gate_helpers import make_gate
 root = Path(sys.argv[1])
 gate = make_gate("sleeper", "verify", run='echo $$ > "%s.tmp" && mv "%s.tmp" "%s" && exec sleep 600' % ((sys.argv[2],) * 3), timeout=600)

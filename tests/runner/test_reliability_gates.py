@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from runner.execute import run_gate
-from runner.gatelog import HEAD_BYTES, TAIL_BYTES, CappedLog
+from runner.gates.execute import run_gate
+from runner.gates.log import HEAD_BYTES, TAIL_BYTES, CappedLog
 from tests.runner.gate_helpers import group_alive, make_gate, pid_alive, python_cmd
 
 
@@ -108,11 +109,40 @@ def test_escaped_grandchild_holding_the_output_does_not_hang_the_runner(repo, tm
         assert time.monotonic() - started < 10
         assert res.outcome == "PASS", res.reason
         assert "escaped" in res.log_tail
-        escaped = int(pid_file.read_text())
-        assert pid_alive(escaped)  # documented limit: a new session is out of the runner's reach
+        assert not pid_alive(int(pid_file.read_text()))  # adopted by the runner, then ended
+        assert "left 1 process(es) running outside its process group" in res.reason
     finally:
-        if pid_file.exists():
+        if pid_file.exists() and pid_alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_daemon_in_a_new_session_is_ended_and_reported(repo, tmp_path):
+    """``setsid sleep 600 &`` leaves the gate's process group; the runner, a child subreaper,
+    gets it back when the gate's shell exits, ends it and says so."""
+    pid_file = tmp_path / "daemon.pid"
+    res = go(make_gate(run=f"setsid sleep 600 & echo $! > {pid_file}; echo started"), repo)
+    try:
+        assert res.outcome == "PASS", res.reason
+        assert "(sleep)" in res.reason and "outside its process group" in res.reason
+        assert "left the gate's process group" in (repo.parent / "logs" / "g.log").read_text()
+        deadline = time.monotonic() + 3
+        while pid_alive(int(pid_file.read_text())) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not pid_alive(int(pid_file.read_text()))
+    finally:
+        if pid_alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_children_the_runner_had_before_the_gate_are_left_alone(repo):
+    own = subprocess.Popen(["sleep", "30"])
+    try:
+        res = go(make_gate(run="setsid sleep 600 & true"), repo)
+        assert "outside its process group" in res.reason
+        assert own.poll() is None  # still running
+    finally:
+        own.kill()
+        own.wait()
 
 
 def test_plain_background_child_is_ended_with_the_gate(repo, tmp_path):

@@ -16,8 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from runner import checkpoint
-from runner.planfile import load_plan
+from runner.plan.load import load_plan
+from runner.repo import checkpoint
 from tests.runner.gate_helpers import group_alive
 from tests.runner.repo_fixtures import (
     METRICS_OK,
@@ -54,6 +54,7 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
 
     def interrupt_when_started():
         if _wait_for(started):  # never signal before the gate runs, however loaded the machine
+            time.sleep(0.3)  # the gate has run a while: its record says so
             os.kill(os.getpid(), signal.SIGINT)
 
     thread = threading.Thread(target=interrupt_when_started)
@@ -62,6 +63,7 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
     thread.join()
     assert result.exit_code == 130, result.text
     assert repo.plan.read_bytes() == before and repo.commit_count() == 1
+    assert repo.porcelain() == ""  # the plan does not record the run: git ignores its folder
     assert not (repo.root / ".git" / "runner.lock").exists()
     [run_dir] = (repo.root / "reports" / "demo" / "alpha").iterdir()
     assert "partial output" in (run_dir / "check.log").read_text()
@@ -69,6 +71,7 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
     gates = json.loads((run_dir / "results.json").read_text())["phases"][0]["gates"]
     assert [(g["name"], g["outcome"]) for g in gates] == [("build", "PASS"), ("check", "ERROR"), ("late", "SKIPPED")]
     assert "interrupted" in gates[1]["reason"]
+    assert gates[1]["duration_s"] >= 0.3 and gates[1]["log"] == "check.log"  # how long it ran, its log
     assert "INTERRUPTED" in (run_dir / "report.md").read_text()
 
 
@@ -102,7 +105,8 @@ TRIALS = 50
 WORKERS = 2
 _SITECUSTOMIZE = """
 import os, time
-from runner import checkpoint, machine
+from runner.repo import checkpoint
+from runner.records import machine
 from tests.runner.repo_fixtures import fake_machine
 machine.probe_machine = lambda *args, **kwargs: fake_machine()
 _pause = os.environ.get("RUNNER_TEST_PAUSE_AT")

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.errors import PlanError
-from runner.planfile import STATUS_END, load_plan
+from runner.plan.load import STATUS_END, load_plan
 from tests.runner.plan_samples import MARKDOWN_PLAN, YAML_PLAN
 from tests.runner.repo_fixtures import (
     cli,
@@ -113,7 +113,7 @@ def test_call_that_resolves_runs_and_later_phases_are_not_checked(tmp_path, runn
 def test_calls_of_the_sample_plan_resolve_without_importing_them():
     import sys
 
-    from runner.preflight import check_calls
+    from runner.gates.preflight import check_calls
     from tests.runner.run_samples import SAMPLE_PLAN, SAMPLE_ROOT
 
     doc = load_plan(SAMPLE_PLAN)

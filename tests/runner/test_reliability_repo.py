@@ -10,8 +10,8 @@ import time
 import pytest
 
 from runner.errors import ExitCode
-from runner.lock import repo_lock
-from runner.planfile import load_plan
+from runner.plan.load import load_plan
+from runner.repo.lock import repo_lock
 from tests.runner.repo_fixtures import (
     cli,
     copy_without_git,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from runner import execute
-from runner.execute import run_gate
-from runner.report import ReportContext, headline_metrics, write_report
+from runner.gates import execute
+from runner.gates.execute import run_gate
+from runner.plan.schema import Plan
+from runner.records.results import GateResult, PhaseResults, ResultsFile
+from runner.records.run_folder import ReportContext, headline_metrics, write_report
 from runner.runs import new_run_id, run_folder
-from runner.results import GateResult, PhaseResults, ResultsFile
-from runner.schema import Plan
 from tests.runner.gate_helpers import make_gate
 from tests.runner.repo_fixtures import fake_machine
 

@@ -9,15 +9,15 @@ import pytest
 from pydantic import ValidationError
 
 from runner.errors import ResultsError
-from runner.machine import MachineInfo
-from runner.results import (
+from runner.plan.thresholds import Threshold
+from runner.records.machine import MachineInfo
+from runner.records.results import (
     GateResult,
     PhaseResults,
     ResultsFile,
     check_thresholds,
     combine_outcomes,
 )
-from runner.thresholds import Threshold
 
 MACHINE = MachineInfo(hostname="h", platform="Linux-x", arch="x86_64", python="3.11.7",
                       cpu_count=8, devices=["cpu", "cuda"], gpu_name="NVIDIA H200",
@@ -31,8 +31,8 @@ def gate(name: str, outcome: str = "PASS", **metrics) -> GateResult:
 
 
 def results(*phases: PhaseResults) -> ResultsFile:
-    return ResultsFile(tool="mla-gate 0.1.0", plan_id="p", plan_path="plans/p.md", run_id="r1",
-                       created="2024-05-01T10:00:00Z", fingerprint="sha256:00",
+    return ResultsFile(tool="mla-gate 0.1.0", plan_id="p", plan_path="plans/p.md", run_id="20240501T100000Z-00000000",
+                       created="2024-05-01T10:00:00Z", fingerprint="sha256:" + "0" * 64,
                        machine=MACHINE, phases=list(phases))
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from runner.errors import ResultsError
-from runner.results import MAX_RESULTS_BYTES, ResultsFile
+from runner.records.results import MAX_RESULTS_BYTES, ResultsFile
 from tests.runner.repo_fixtures import cli, copy_without_git, edit_results, gpu_phases, make_repo
 from tests.runner.run_samples import gate_result, results
 
 
 def good() -> dict:
-    run = results(run_id="r1", created="2026-11-30T00:00:00Z", gates=[
+    run = results(run_id="20261130T000000Z-00000001", created="2026-11-30T00:00:00Z", gates=[
         gate_result("build", "build"),
         gate_result("check", "verify", metrics={"speedup": 2.5}),
     ])
@@ -87,7 +87,7 @@ def _text(d: dict) -> str:
 @pytest.mark.parametrize("make, needle", [
     (lambda: _text(good()).replace('"speedup": 2.5', '"speedup": 1' + "0" * 5000), "digits"),
     (lambda: _text(good()).replace('"speedup": 2.5', '"speedup": 1' + "0" * 320), "range of a float"),
-    (lambda: _text(good()).replace('"r1"', '"\\ud800"'), "surrogate"),
+    (lambda: _text(good()).replace('"test"', '"\\ud800"'), "surrogate"),
     (lambda: _text(good()).replace('"speedup": 2.5', '"speedup": ' + "[" * 5000 + "]" * 5000), "levels deep"),
     (lambda: _text(good())[:-1] + ', "tool": "forged"}', "repeats the key"),
     (lambda: _text(good()).replace('"outcome": "PASS"', '"outcome": "FAIL", "outcome": "PASS"', 1), "repeats the key"),

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
 from runner.errors import PlanError
-from runner.planfile import STATUS_BEGIN, STATUS_END, load_plan, parse_plan
-from runner.rewrite import KEEP, PhaseUpdate, render_status_section, render_updates, write_plan_text
-from runner.schema import PHASE_STATUSES, Checkpoint, Plan
+from runner.plan.load import STATUS_BEGIN, STATUS_END, load_plan, parse_plan
+from runner.plan.rewrite import KEEP, PhaseUpdate, render_status_section, render_updates, write_plan_text
+from runner.plan.schema import PHASE_STATUSES, Checkpoint, Plan
 
 from .plan_samples import MARKDOWN_PLAN, YAML_PLAN, write_plan
 
@@ -37,7 +37,7 @@ def _doc(tmp_path: Path, text: str, name: str = "plan.md"):
 
 
 def _expected_plan(plan: Plan, updates: dict[str, PhaseUpdate]) -> Plan:
-    """The old plan with only the updated fields changed, built without runner.rewrite."""
+    """The old plan with only the updated fields changed, built without runner.plan.rewrite."""
     phases = []
     for phase in plan.phases:
         if phase.id in updates:
@@ -433,7 +433,7 @@ def _lines(text: str) -> list[str]:
 def _mask(text: str, *, markdown: bool, phase_indent: int, updated: set[str]) -> str:
     """The text with the runner-owned parts of ``updated`` phases and the table blanked.
 
-    Written independently of runner.rewrite, from the generator's layout: a status line
+    Written independently of runner.plan.rewrite, from the generator's layout: a status line
     without a comment is dropped, one with a comment keeps everything but its value; a
     checkpoint key line and the deeper-indented content lines after it are dropped (own-line
     comments are never generated inside a checkpoint, so they stay); the status

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from runner.errors import UsageError
-from runner.schema import SCHEMA_VERSION, Checkpoint, Gate, Phase, Plan
-from runner.thresholds import Threshold
+from runner.plan.schema import SCHEMA_VERSION, Checkpoint, Gate, Phase, Plan
+from runner.plan.thresholds import Threshold
 
 
 def _gate(**overrides: Any) -> dict[str, Any]:

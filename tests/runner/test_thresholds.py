@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from runner.thresholds import Threshold
+from runner.plan.thresholds import Threshold
 
 
 @pytest.mark.parametrize(
@@ -94,3 +94,21 @@ def test_pydantic_validates_and_serializes_back_to_text() -> None:
 def test_pydantic_error_explains(value: object, fragment: str) -> None:
     with pytest.raises(ValidationError, match=fragment):
         _Expect.model_validate({"expect": {"x": value}})
+
+
+@pytest.mark.parametrize("text, value, gap", [
+    (">= 0.80", 0.63, 0.17), ("<= 0.05", 0.07, 0.02), ("== 0", 3, 3.0), (">= 5", 7.0, 0.0),
+    ("!= 0", 0, None), (">= 1", float("nan"), None), (">= 1", "fast", None), (">= 1", True, None),
+])
+def test_gap_is_the_distance_to_the_threshold(text, value, gap):
+    found = Threshold.parse(text).gap(value)
+    assert found == pytest.approx(gap) if gap is not None else found is None
+
+
+def test_reasons_show_four_digits_unless_rounding_would_lie():
+    from runner.records.results import check_thresholds
+
+    [slow] = check_thresholds({"speedup": Threshold.parse(">= 5")}, {"speedup": 1.0570760648926747})
+    assert slow.reason == "1.057 is not >= 5" and slow.gap == pytest.approx(3.9429239351)
+    [close] = check_thresholds({"ratio": Threshold.parse(">= 1")}, {"ratio": 0.99996})
+    assert close.reason == "0.99996 is not >= 1"  # "1 is not >= 1" would read as a contradiction

@@ -1,0 +1,224 @@
+"""The plan schema, version 1: ``Plan`` > ``Phase`` > ``Gate``, plus the ``Checkpoint`` record.
+
+Every model forbids unknown keys and validates strictly (no silent ``"900"`` -> ``900``),
+so a typo in a plan is an error with a location, not a setting that is quietly ignored.
+Models are frozen: status changes go through ``runner.plan.rewrite``, never by mutation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from runner.errors import UsageError
+from runner.plan.thresholds import Threshold
+
+SCHEMA_VERSION = 1
+
+GateKind = Literal["build", "verify", "benchmark"]
+PhaseStatus = Literal["pending", "complete", "failed", "blocked"]
+
+GATE_KINDS: tuple[GateKind, ...] = get_args(GateKind)
+PHASE_STATUSES: tuple[PhaseStatus, ...] = get_args(PhaseStatus)
+
+# Letters, digits, "_", "." and "-", neither first nor last a "." or "-": an id is its own folder
+# name under reports/ (``safe_name(id) == id``) and part of a git tag name.
+ID_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$"
+ID_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit and not ending in '.' or '-'"
+CALL_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
+
+Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+MetricValue = bool | int | float | str
+
+
+def _parse_tolerance(value: object) -> object:
+    """A relative tolerance: a number such as ``0.05``, or a percentage string ``"5%"``."""
+    if isinstance(value, bool):
+        raise PydanticCustomError(
+            "tolerance_bool", "a tolerance is a number like 0.05 or a string like \"5%\", got {value}",
+            {"value": str(value)},
+        )
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            pass
+        raise PydanticCustomError(
+            "tolerance",
+            "cannot read tolerance '{value}': write a relative tolerance like 0.05 or \"5%\"",
+            {"value": value},
+        )
+    return value
+
+
+Tolerance = Annotated[float, BeforeValidator(_parse_tolerance), Field(ge=0, allow_inf_nan=False)]
+"""How much worse than its baseline a metric may get before a diff calls it a regression."""
+
+
+def _timestamp_to_text(value: object) -> object:
+    """YAML reads an unquoted ``2026-11-29T23:50:00Z`` as a datetime; keep it as text."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None and value.utcoffset() == dt.timedelta(0):
+            return value.replace(tzinfo=None).isoformat() + "Z"
+        return value.isoformat()
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class Gate(_Model):
+    """One check of a phase: a shell command (``run``) or a Python callable (``call``).
+
+    ``expect`` maps metrics to the thresholds a pass needs; ``targets`` maps metrics to what
+    the team aims at, in the same syntax: a missed target is shown with its gap and never
+    changes a verdict. ``tolerance`` maps metrics to the relative change for the worse
+    (``0.05`` or ``"5%"``) that ``runner diff`` accepts before it calls a run a regression
+    against a baseline from the same machine.
+    """
+
+    name: Identifier
+    kind: GateKind
+    run: str | None = None
+    call: Annotated[str, StringConstraints(pattern=CALL_PATTERN)] | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    requires: list[str] = Field(default_factory=list)
+    timeout: float = Field(default=3600.0, gt=0)
+    expect: dict[str, Threshold] = Field(default_factory=dict)
+    targets: dict[str, Threshold] = Field(default_factory=dict)
+    tolerance: dict[str, Tolerance] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_command(self) -> Gate:
+        if (self.run is None) == (self.call is None):
+            both = self.run is not None
+            raise PydanticCustomError(
+                "gate_command",
+                "a gate needs exactly one of 'run' (shell command) or 'call' "
+                "(module:function), got {got}",
+                {"got": "both" if both else "neither", "at": ("call",) if both else ()},
+            )
+        if self.args and self.call is None:
+            raise PydanticCustomError(
+                "gate_args",
+                "'args' only applies to a 'call' gate; pass arguments in the 'run' command",
+                {"at": ("args",)},
+            )
+        if self.run is not None and not self.run.strip():
+            raise PydanticCustomError("gate_run", "'run' is an empty command", {"at": ("run",)})
+        return self
+
+
+class OpenTarget(_Model):
+    """A target a checkpoint left open: the target and the value the run reached (``None``
+    when the gate did not report the metric)."""
+
+    target: Threshold
+    value: MetricValue | None = None
+
+
+class Checkpoint(_Model):
+    """What the runner records in a phase when it checkpoints it (see ARCHITECTURE.md);
+    ``open_targets`` names the targets of the phase's gates that the checkpointed run missed."""
+
+    tag: str
+    base: str
+    fingerprint: str
+    time: Annotated[str, BeforeValidator(_timestamp_to_text)]
+    report: str
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    open_targets: dict[str, OpenTarget] = Field(default_factory=dict)
+
+
+class Phase(_Model):
+    """A step of the plan: its gates, its status and, once complete, its checkpoint."""
+
+    id: Identifier
+    title: str = ""
+    status: PhaseStatus = "pending"
+    paths: list[str] = Field(default_factory=list)
+    headline: list[str] | None = None
+    gates: list[Gate] = Field(min_length=1)
+    checkpoint: Checkpoint | None = None
+
+    @field_validator("gates")
+    @classmethod
+    def _unique_gate_names(cls, gates: list[Gate]) -> list[Gate]:
+        _reject_duplicates([gate.name for gate in gates], what="gate name", field="name")
+        return gates
+
+    def headline_metrics(self) -> list[str]:
+        """Metric names copied into the checkpoint: ``headline`` if given, else every
+        metric named in an ``expect``, in order of first appearance."""
+        if self.headline is not None:
+            return list(self.headline)
+        names: dict[str, None] = {}
+        for gate in self.gates:
+            names.update(dict.fromkeys(gate.expect))
+        return list(names)
+
+    def gate(self, name: str) -> Gate:
+        """The gate called ``name``; ``UsageError`` naming the known gates otherwise."""
+        for gate in self.gates:
+            if gate.name == name:
+                return gate
+        known = ", ".join(gate.name for gate in self.gates)
+        raise UsageError(f"phase {self.id!r} has no gate {name!r} (gates: {known})")
+
+
+class Plan(_Model):
+    """A whole plan: an id, a title and the phases in the order they run."""
+
+    schema_version: Literal[1] = Field(alias="schema")
+    id: Identifier
+    title: str = ""
+    phases: list[Phase] = Field(min_length=1)
+
+    @field_validator("phases")
+    @classmethod
+    def _unique_phase_ids(cls, phases: list[Phase]) -> list[Phase]:
+        _reject_duplicates([phase.id for phase in phases], what="phase id", field="id")
+        return phases
+
+    def phase(self, phase_id: str) -> Phase:
+        """The phase with id ``phase_id``; ``UsageError`` naming the known phases otherwise."""
+        for phase in self.phases:
+            if phase.id == phase_id:
+                return phase
+        known = ", ".join(phase.id for phase in self.phases)
+        raise UsageError(f"plan {self.id!r} has no phase {phase_id!r} (phases: {known})")
+
+
+def _reject_duplicates(names: list[str], *, what: str, field: str) -> None:
+    """Raise for the first repeated name; ``at`` points the error at the repeat itself."""
+    first_index: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name in first_index:
+            raise PydanticCustomError(
+                "duplicate_id",
+                "{what} '{name}' is used twice (items {first} and {index}); ids must be unique",
+                {
+                    "what": what,
+                    "name": name,
+                    "first": first_index[name],
+                    "index": index,
+                    "at": (index, field),
+                },
+            )
+        first_index[name] = index

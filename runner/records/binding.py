@@ -1,0 +1,118 @@
+"""What binds results to the plan they were measured for, and the check that imported results fit.
+
+Results travel (``runner gate --out`` on a GPU host, ``runner advance --results`` in the clone).
+The tree fingerprint leaves the plan out, so on its own it would accept results from a copy whose
+gate command was edited (``exit 1; ...`` removed): the gates that ran would not be the plan's.
+So every phase's results carry the definitions of its gates as the run saw them (``definitions``:
+everything that decides a verdict), and an import is refused unless they equal the plan's.
+
+Decisions:
+
+- A definition is what decides whether and how a gate's process runs and how its outcome is
+  judged: ``kind``, ``run``, ``call``, ``args``, ``env``, ``requires``, ``timeout``, ``expect``.
+  ``targets`` and ``tolerance`` are left out: they never change a verdict, and editing them must
+  not make results measured on a GPU host unusable.
+- Thresholds are also re-checked against the recorded metrics here, and the recorded target
+  checks are replaced by the plan's: the runner trusts its own reading of the numbers only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runner.errors import ResultsError
+from runner.plan.order import ordered_gates
+from runner.plan.schema import Phase, Plan
+from runner.records.results import ResultsFile, check_thresholds, plan_problems
+
+VERDICT_FIELDS = ("kind", "run", "call", "args", "env", "requires", "timeout", "expect")
+
+
+def gate_definitions(phase: Phase) -> dict[str, dict[str, Any]]:
+    """Each gate of ``phase`` by name: the fields that decide its verdict, as JSON values."""
+    return {
+        gate.name: gate.model_dump(mode="json", include=set(VERDICT_FIELDS))
+        for gate in phase.gates
+    }
+
+
+def definition_problems(recorded: dict[str, dict[str, Any]] | None, phase: Phase) -> list[str]:
+    """How the gate definitions ``recorded`` with some results differ from ``phase``'s in the plan."""
+    if recorded is None:
+        return ["the results carry no gate definitions (an older runner wrote them), so nothing "
+                "shows they ran the plan's gates: run the gates again with this runner"]
+    problems = []
+    planned = gate_definitions(phase)
+    for name, definition in planned.items():
+        other = recorded.get(name)
+        if other is None:
+            continue  # a missing gate is reported by the caller
+        for field in VERDICT_FIELDS:
+            if other.get(field) != definition.get(field):
+                problems.append(
+                    f"gate {name!r}: {field} differs (results: {_short(other.get(field))}, "
+                    f"plan: {_short(definition.get(field))})"
+                )
+    return problems
+
+
+def load_matching_results(
+    plan: Plan, phase: Phase, path: Path, fingerprint: str, *, evidence: bool = False
+) -> ResultsFile:
+    """Load ``path`` and check it fits: plan, phase, tree, the phase's gate definitions, every
+    gate of the phase present, and every threshold of a gate recorded PASS re-checked here.
+    ``ResultsError`` names what differs. Gates recorded FAIL, ERROR, BLOCKED or SKIPPED are
+    accepted as what they are: the phase is then recorded as failed or blocked, and only an
+    all-PASS file checkpoints. The returned results hold the plan's target checks."""
+    results = ResultsFile.load(Path(path))
+    where = f"{path}:"
+    if results.plan_id != plan.id:
+        raise ResultsError(f"{where} results are for plan {results.plan_id!r}, not {plan.id!r}")
+    held = [phase_results.phase for phase_results in results.phases]
+    if phase.id not in held:
+        what = "the phase named" if evidence else "the next phase to advance"
+        hint = ""
+        later = [p.id for p in plan.phases if p.id in held and p.status != "complete"]
+        if not evidence and later:
+            hint = (f"; to keep them as evidence for {later[0]} while it waits, run "
+                    f"`runner advance --evidence --results {path}`")
+        raise ResultsError(
+            f"{where} results hold phase(s) {', '.join(held) or 'none'}, not {phase.id!r} ({what}){hint}"
+        )
+    if results.fingerprint != fingerprint:
+        raise ResultsError(
+            f"{where} results were measured on tree {results.fingerprint}, but this tree is "
+            f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
+        )
+    phase_results = results.phase(phase.id)
+    recorded = {gate.name: gate for gate in phase_results.gates}
+    problems: list[str] = definition_problems(phase_results.definitions, phase)
+    problems += [f"gate {gate.name!r}: names artifact files instead of carrying their text (a run "
+                 "folder's results.json, not one written by runner gate --out)"
+                 for gate in phase_results.gates if gate.artifact_files]
+    problems += plan_problems(phase_results.gates, ordered_gates(phase))
+    for gate in phase.gates:
+        result = recorded.get(gate.name)
+        if result is None:
+            problems.append(f"gate {gate.name!r} is missing")
+            continue
+        if result.outcome != "PASS":
+            continue
+        for check in check_thresholds(gate.expect, result.metrics):
+            if not check.ok:
+                problems.append(f"gate {gate.name!r}: {check.metric} {check.reason} (plan: {check.threshold})")
+    if problems:
+        doing = "record evidence for" if evidence else "checkpoint"
+        raise ResultsError(f"{where} refusing to {doing} {phase.id}: " + "; ".join(problems))
+    gates = [
+        gate.model_copy(update={"targets": check_thresholds(phase.gate(gate.name).targets, gate.metrics)})
+        for gate in phase_results.gates
+    ]
+    phases = [p.model_copy(update={"gates": gates}) if p.phase == phase.id else p for p in results.phases]
+    return results.model_copy(update={"phases": phases})
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

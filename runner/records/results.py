@@ -1,0 +1,384 @@
+"""Gate and phase results, and the results file that carries them between machines.
+
+Metric values are JSON numbers, strings or booleans. A NaN or infinite metric is kept as it
+was reported: the results file writes it as the ``NaN`` / ``Infinity`` literals that Python's
+``json`` module reads back, so a NaN travels as a NaN and fails its threshold again wherever
+the file is re-checked (it never turns into ``null`` or ``0.0``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
+
+from runner.atomic import write_atomic
+from runner.errors import ResultsError
+from runner.formatting import CONTROL_CHARS, format_metric, one_line
+from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS
+from runner.plan.schema import GATE_KINDS, ID_PATTERN
+from runner.records.machine import MachineInfo
+from runner.timeutil import iso_ms
+from runner.untrusted import UntrustedFileError, parse_json, read_bounded
+
+if TYPE_CHECKING:
+    from runner.plan.thresholds import Threshold
+
+RESULTS_SCHEMA = 1
+MAX_RESULTS_BYTES = 64 << 20
+MAX_RESULTS_DEPTH = 16
+_ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
+
+Outcome = Literal["PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"]
+MetricValue = bool | int | float | str | None
+
+_MODEL_CONFIG = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+RUN_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{8}$"
+FINGERPRINT_PATTERN = r"^sha256:[0-9a-f]{64}$"
+_UTC_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?Z")
+
+
+def _utc_time(value: str) -> str:
+    """``2026-11-29T23:50:00Z`` (milliseconds allowed) that is a real moment."""
+    try:
+        if _UTC_TIME.fullmatch(value):
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+            return value
+    except ValueError:
+        pass
+    raise ValueError(f"expected a UTC time like 2026-11-29T23:50:00Z, got {value[:40]!r}")
+
+
+def _plain_text(value: str) -> str:
+    if CONTROL_CHARS.search(value):
+        raise ValueError(f"holds a control character (a line break or a terminal escape): {one_line(value)[:60]}")
+    return value
+
+
+UtcTime = Annotated[str, AfterValidator(_utc_time)]
+PlainText = Annotated[str, AfterValidator(_plain_text)]
+
+
+class MetricCheck(BaseModel):
+    """One ``expect`` (or ``targets``) entry checked against the reported metrics.
+
+    ``threshold`` is the threshold's text (``">= 1.5"``); ``value`` is what the gate reported
+    (``None`` when it reported nothing); ``reason`` says why the check failed, or restates the
+    comparison when it held; ``gap`` is how far the value is from the threshold (0 when met,
+    ``None`` when no distance says it: see ``Threshold.gap``).
+    """
+
+    model_config = _MODEL_CONFIG
+
+    metric: str
+    threshold: str
+    value: MetricValue
+    ok: bool
+    reason: str
+    gap: float | None = None
+
+    @property
+    def shortfall(self) -> str:
+        """``met``, ``0.17 short`` or ``not met``: how a view says where a value stands."""
+        if self.ok:
+            return "met"
+        return f"{format_metric(self.gap)} short" if self.gap is not None else "not met"
+
+
+class GateResult(BaseModel):
+    """What one gate did.
+
+    ``started`` is an ISO 8601 UTC time; ``exit_code`` is the process's exit status and
+    ``signal`` the name of the signal that ended it (both ``None`` when no process ran);
+    ``log`` is the log's path relative to the report directory (``None`` when no process
+    ran) and ``log_tail`` the last lines of that log. ``artifacts`` maps the names of the
+    small text files the gate wrote to ``$RUNNER_ARTIFACTS`` to their contents; in a run folder
+    the text is in files next to ``results.json`` instead, named in ``artifact_files``
+    (``runner.records.run_folder.read_artifacts`` reads both). ``checks`` are
+    the gate's ``expect`` thresholds, which decide its outcome; ``targets`` its ``targets``,
+    which never do (a missed target is shown with its gap, nothing more).
+    """
+
+    model_config = _MODEL_CONFIG
+
+    name: Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+    kind: str
+    outcome: Outcome
+    reason: str
+    metrics: dict[str, MetricValue]
+    checks: list[MetricCheck]
+    started: UtcTime
+    duration_s: float
+    exit_code: int | None
+    signal: str | None
+    log: str | None
+    log_tail: str
+    artifacts: dict[str, str] = {}
+    artifact_files: dict[str, str] = {}
+    targets: list[MetricCheck] = []
+
+    @classmethod
+    def not_run(cls, gate: object, outcome: Outcome, reason: str) -> GateResult:
+        """A result with no process behind it (``BLOCKED``, ``SKIPPED``, or an ``ERROR`` before
+        start); ``gate`` is anything with ``name`` and ``kind``."""
+        return cls(
+            name=gate.name,
+            kind=gate.kind,
+            outcome=outcome,
+            reason=reason,
+            metrics={},
+            checks=[],
+            started=iso_ms(),
+            duration_s=0.0,
+            exit_code=None,
+            signal=None,
+            log=None,
+            log_tail="",
+        )
+
+
+class PhaseResults(BaseModel):
+    """The gates of one phase in the order they ran; ``outcome`` follows from them.
+
+    ``outcome`` may be omitted (it is derived with ``combine_outcomes``); when given it must
+    equal the derived value, so a hand-edited results file cannot claim a pass.
+    ``definitions`` are the phase's gates as the run saw them in the plan
+    (``runner.records.binding``; ``None`` in files written before they were recorded).
+    """
+
+    model_config = _MODEL_CONFIG
+
+    phase: str
+    outcome: Outcome = "PASS"
+    gates: list[GateResult]
+    definitions: dict[str, dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _derive_outcome(self) -> PhaseResults:
+        derived = combine_outcomes(gate.outcome for gate in self.gates)
+        if "outcome" in self.model_fields_set and self.outcome != derived:
+            raise ValueError(
+                f"phase {self.phase!r}: outcome {self.outcome} does not follow from its gates "
+                f"(they give {derived})"
+            )
+        self.outcome = derived
+        return self
+
+
+class ResultsFile(BaseModel):
+    """A run's results, bound to the tree fingerprint and the machine they were measured on.
+
+    The fields the views print and the run's folder is named after are held to the forms the
+    runner writes (a run id ``20261129T235000Z-1a2b3c4d``, a UTC time, a ``sha256:`` fingerprint,
+    no control characters), so a file written by hand cannot crash a view or reach a terminal
+    with an escape sequence.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    results_schema: int = RESULTS_SCHEMA
+    tool: PlainText
+    plan_id: Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+    plan_path: PlainText
+    run_id: Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)]
+    created: UtcTime
+    fingerprint: Annotated[str, StringConstraints(pattern=FINGERPRINT_PATTERN)]
+    machine: MachineInfo
+    phases: list[PhaseResults]
+
+    def phase(self, phase_id: str) -> PhaseResults:
+        """The results of phase ``phase_id``; ``ValueError`` when the file holds none."""
+        for phase_results in self.phases:
+            if phase_results.phase == phase_id:
+                return phase_results
+        raise ValueError(f"results hold no phase {phase_id!r}")
+
+    def dump(self, path: Path) -> None:
+        """Write the file as indented JSON, atomically (temp file in the same folder, rename)."""
+        text = json.dumps(self.model_dump(mode="python"), indent=2, allow_nan=True) + "\n"
+        write_atomic(Path(path), text, make_parents=True)
+
+    @classmethod
+    def load(cls, path: Path) -> ResultsFile:
+        """Read a results file; raise ``ResultsError`` naming the file and what is wrong."""
+        path = Path(path)
+        try:
+            raw = read_bounded(path, MAX_RESULTS_BYTES, what="the results file")
+            if raw is None:
+                raise ResultsError(f"{path}: cannot read the results file: no such file")
+            data = parse_json(raw, what="the results file", max_depth=MAX_RESULTS_DEPTH, unique_keys=True)
+        except UntrustedFileError as exc:
+            raise ResultsError(f"{path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ResultsError(
+                f"{path}: a results file is a JSON object, got {type(data).__name__}"
+            )
+        schema = data.get("results_schema")
+        if schema != RESULTS_SCHEMA:
+            raise ResultsError(
+                f"{path}: unknown results_schema {schema!r}; this runner reads "
+                f"results_schema {RESULTS_SCHEMA} (use the runner version that wrote the file)"
+            )
+        try:
+            results = cls.model_validate(data, strict=True)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in err['loc']) or '<top>'}: {err['msg']}"
+                for err in exc.errors(include_url=False)[:10]
+            )
+            raise ResultsError(f"{path}: invalid results file: {problems}") from None
+        problems = consistency_problems(results)
+        if problems:
+            raise ResultsError(f"{path}: inconsistent results file: " + "; ".join(problems[:10]))
+        return results
+
+
+def consistency_problems(results: ResultsFile) -> list[str]:
+    """What makes ``results`` impossible for a runner to have written: a phase or gate that
+    appears twice, an unknown gate kind, a PASS whose process did not exit 0 or whose checks
+    failed, an outcome with a signal but no FAIL/ERROR, a BLOCKED or SKIPPED gate with a
+    process. (Thresholds are re-checked against the metrics by the caller.)"""
+    problems: list[str] = []
+    phases = [phase.phase for phase in results.phases]
+    problems += [f"phase {name!r} appears {phases.count(name)} times" for name in sorted(set(phases))
+                 if phases.count(name) > 1]
+    for phase in results.phases:
+        names = [gate.name for gate in phase.gates]
+        problems += [f"phase {phase.phase!r}: gate {name!r} appears {names.count(name)} times"
+                     for name in sorted(set(names)) if names.count(name) > 1]
+        for gate in phase.gates:
+            where = f"phase {phase.phase!r} gate {gate.name!r}"
+            if gate.kind not in GATE_KINDS:
+                problems.append(f"{where}: unknown kind {gate.kind!r}")
+            if gate.outcome == "PASS":
+                if gate.exit_code != 0 or gate.signal is not None:
+                    problems.append(f"{where}: PASS but exit code {gate.exit_code} and signal {gate.signal}")
+                if any(not check.ok for check in gate.checks):
+                    problems.append(f"{where}: PASS with a failed check")
+            if gate.outcome in ("BLOCKED", "SKIPPED") and (gate.exit_code is not None or gate.signal is not None):
+                problems.append(f"{where}: {gate.outcome} but a process ran (exit code or signal recorded)")
+            if gate.exit_code is not None and gate.signal is not None:
+                problems.append(f"{where}: both an exit code and a signal")
+            problems += [f"{where}: {problem}" for problem in _artifact_problems(gate)]
+    return problems
+
+
+def _artifact_problems(gate: GateResult) -> list[str]:
+    """Artifacts no gate run by the runner could have left: more than ``MAX_ARTIFACTS``, over
+    ``MAX_ARTIFACT_BYTES``, or names that are not plain (the same limits as a local run)."""
+    problems = []
+    names = [*gate.artifacts, *gate.artifact_files]
+    if len(names) > MAX_ARTIFACTS:
+        problems.append(f"{len(names)} artifacts, over the limit of {MAX_ARTIFACTS}")
+    problems += [f"artifact name {name[:60]!r} is not letters, digits and ._-" for name in names
+                 if not _ARTIFACT_NAME.fullmatch(name)][:3]
+    problems += [f"artifact file {file_name[:60]!r} is not a plain file name"
+                 for file_name in gate.artifact_files.values() if not _ARTIFACT_NAME.fullmatch(file_name)][:3]
+    too_big = [name for name, text in gate.artifacts.items() if len(text.encode("utf-8", "surrogatepass")) > MAX_ARTIFACT_BYTES]
+    problems += [f"artifact {name[:60]!r} is over the {MAX_ARTIFACT_BYTES}-byte limit" for name in too_big[:3]]
+    return problems
+
+
+def plan_problems(gates: Iterable[GateResult], planned: Iterable[object]) -> list[str]:
+    """How recorded ``gates`` differ from the phase's ``planned`` gates (anything with ``name``
+    and ``kind``, in the order a run executes them: ``planning.ordered_gates``), apart from
+    missing ones (reported by the caller): a gate the plan does not have, a gate recorded with
+    another kind than the plan gives it, or gates in another order than a run takes."""
+    plan = {getattr(gate, "name"): getattr(gate, "kind") for gate in planned}
+    problems = []
+    recorded = list(gates)
+    for gate in recorded:
+        if gate.name not in plan:
+            problems.append(f"gate {gate.name!r} is not a gate of this phase in the plan")
+        elif gate.kind != plan[gate.name]:
+            problems.append(f"gate {gate.name!r} is recorded as {gate.kind}, the plan says {plan[gate.name]}")
+    order = [gate.name for gate in recorded if gate.name in plan]
+    expected = [name for name in plan if name in order]
+    if order != expected:
+        problems.append(f"gates recorded in the order {', '.join(order)}, not the order a run of the plan takes: {', '.join(expected)}")
+    return problems
+
+
+def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:
+    """Outcome of a group of gates: FAIL > ERROR > BLOCKED > PASS.
+
+    An empty group passes; a group in which every gate was skipped is ``SKIPPED`` (nothing
+    ran, so nothing passed).
+    """
+    seen = set(outcomes)
+    for outcome in ("FAIL", "ERROR", "BLOCKED"):
+        if outcome in seen:
+            return outcome
+    if seen == {"SKIPPED"}:
+        return "SKIPPED"
+    return "PASS"
+
+
+def check_thresholds(
+    expect: Mapping[str, Threshold], metrics: Mapping[str, object]
+) -> list[MetricCheck]:
+    """Check every ``expect`` (or ``targets``) entry, in order, against ``metrics``.
+
+    A metric that was not reported fails (it never defaults to 0); so do ``null``, NaN,
+    infinite, boolean and string values, each with its own reason.
+    """
+    checks = []
+    for metric, threshold in expect.items():
+        text = str(threshold)
+        if metric not in metrics:
+            checks.append(
+                MetricCheck(metric=metric, threshold=text, value=None, ok=False,
+                            reason="not reported")
+            )
+            continue
+        value = metrics[metric]
+        problem = _not_a_number(value)
+        if problem is None:
+            ok = bool(threshold.check(value))
+            shown = _shown(value, threshold, ok)
+            reason = f"{shown} {text}" if ok else f"{shown} is not {text}"
+        else:
+            ok, reason = False, problem
+        checks.append(
+            MetricCheck(metric=metric, threshold=text, value=_as_metric_value(value), ok=ok,
+                        reason=reason, gap=threshold.gap(value))
+        )
+    return checks
+
+
+def _shown(value: float, threshold: Threshold, ok: bool) -> str:
+    """``value`` to four significant digits, unless the rounded text would read as the
+    opposite verdict (0.99996 is not ``>= 1``, yet rounds to 1): then every digit."""
+    text = format_metric(float(value))
+    return text if threshold.check(float(text)) == ok else repr(value)
+
+
+def _not_a_number(value: object) -> str | None:
+    """Why ``value`` cannot be compared with a threshold, or ``None`` when it can."""
+    if value is None:
+        return "reported as null"
+    if isinstance(value, bool):
+        return f"is a boolean ({value}), not a number"
+    if isinstance(value, str):
+        return f"is a string ({value!r}), not a number"
+    if not isinstance(value, (int, float)):
+        return f"is a {type(value).__name__}, not a number"
+    if math.isnan(value):
+        return "is NaN"
+    if math.isinf(value):
+        return "is infinite"
+    return None
+
+
+def _as_metric_value(value: object) -> MetricValue:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)

@@ -1,0 +1,384 @@
+"""The runs and checkpoints of a plan, as its reports folder and the plan record them. Reads only.
+
+Every run of a phase leaves ``reports/<plan>/<phase>/<run-id>/results.json``; a complete phase
+records its checkpoint (tag, time, report path) in the plan. ``find_runs`` lists the runs,
+``plan_checkpoints`` the checkpoints, and ``resolve_run`` turns what a user types (a run id, a
+path to a results file or a run folder, a ``plan/phase`` tag) into one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from runner.errors import ResultsError, UsageError
+from runner.formatting import CONTROL_CHARS, format_metric, one_line
+from runner.plan.schema import Plan
+from runner.plan.thresholds import Threshold
+from runner.records.machine import MachineInfo
+from runner.records.results import MetricCheck, Outcome, PhaseResults, ResultsFile, check_thresholds, combine_outcomes
+from runner.records.run_folder import RunMeta, headline_metrics, read_run_meta, target_checks
+from runner.records.run_folder import REPORTS_DIR, safe_name
+from runner.views.status import CheckpointView, plan_status
+from runner.workspace import Workspace
+
+RESULTS_NAME = "results.json"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One results file: where it lies and what it holds.
+
+    ``phase`` is the phase folder the run was found in (``None`` for a results file given by
+    path, which may hold several phases).
+    """
+
+    path: Path
+    results: ResultsFile
+    phase: str | None = None
+    meta: RunMeta = field(default_factory=RunMeta)
+
+    @property
+    def evidence(self) -> bool:
+        return self.meta.evidence
+
+    @property
+    def folder(self) -> str:
+        """The run folder's name: the run id, with ``-2``... when two runs shared one."""
+        return self.path.parent.name
+
+    @property
+    def informative(self) -> bool:
+        """A verdict on the phase: it ran every gate it could up to a FAIL, or passed. A run that
+        only blocked (every gate PASS or BLOCKED) says what this machine could not do."""
+        return self.outcome != "BLOCKED"
+
+    def gate_counts(self) -> dict[str, int]:
+        """How many gates of each outcome, in the order PASS, FAIL, ERROR, BLOCKED, SKIPPED."""
+        counts: dict[str, int] = {}
+        for outcome in ("PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"):
+            n = sum(gate.outcome == outcome for phase in self.phase_results() for gate in phase.gates)
+            if n:
+                counts[outcome] = n
+        return counts
+
+    @property
+    def run_id(self) -> str:
+        return self.results.run_id
+
+    @property
+    def created(self) -> datetime:
+        return parse_time(self.results.created)
+
+    @property
+    def machine(self) -> MachineInfo:
+        return self.results.machine
+
+    @property
+    def outcome(self) -> Outcome:
+        """The outcome of ``phase`` in this run (of every phase when ``phase`` is ``None``)."""
+        return combine_outcomes(results.outcome for results in self.phase_results())
+
+    def phase_results(self) -> list[PhaseResults]:
+        """The phase this run was found under, or every phase of a file given by path."""
+        return self.results.phases if self.phase is None else [self.results.phase(self.phase)]
+
+    def metrics(self) -> dict[tuple[str, str, str], object]:
+        """Every reported metric, keyed by (phase, gate, metric), in the order reported."""
+        return {
+            (phase.phase, gate.name, name): value
+            for phase in self.phase_results()
+            for gate in phase.gates
+            for name, value in gate.metrics.items()
+        }
+
+    def to_json(self, root: Path | None = None) -> dict:
+        return {
+            "run_id": self.run_id,
+            "phase": self.phase,
+            "phases": [p.phase for p in self.phase_results()],
+            "time": self.results.created,
+            "outcome": self.outcome,
+            "machine": describe_machine(self.machine),
+            "machine_fingerprint": self.machine.fingerprint,
+            "fingerprint": self.results.fingerprint,
+            "path": display_path(self.path, root),
+            "role": self.meta.role,
+            "recorded": self.meta.recorded,
+            "reason": self.meta.reason,
+        }
+
+
+@dataclass(frozen=True)
+class RunScan:
+    """The runs found (oldest first) and the results files that could not be read."""
+
+    runs: list[RunRecord]
+    skipped: list[str] = field(default_factory=list)
+
+
+def parse_time(text: str) -> datetime:
+    """``2026-11-29T23:50:00Z`` (or any ISO 8601 time) as an aware UTC datetime."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
+def describe_machine(machine: MachineInfo) -> str:
+    """``vm: NVIDIA H200`` (``x2`` for two GPUs), ``ci: no GPU``."""
+    gpu = machine.gpu_name or "no GPU"
+    if machine.gpu_count > 1:
+        gpu += f" x{machine.gpu_count}"
+    return f"{machine.hostname}: {gpu}"
+
+
+def display_path(path: Path, root: Path | None) -> str:
+    """``path`` relative to ``root`` when inside it (POSIX), else as given."""
+    if root is not None:
+        try:
+            return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
+def find_runs(root: Path, plan_id: str, phase: str | None = None) -> RunScan:
+    """Every ``reports/<plan>/<phase>/<run-id>/results.json`` of the plan (of one phase when
+    ``phase`` is given), oldest first.
+
+    What the runner did not write is skipped and named in ``skipped``, never a crash: a folder
+    whose name is not printable UTF-8, a results file that does not load, a run whose results
+    hold no phase of the folder it lies in (copied from another phase).
+    """
+    plan_dir = Path(root) / REPORTS_DIR / safe_name(plan_id)
+    phase_dirs = [plan_dir / safe_name(phase)] if phase else sorted(p for p in plan_dir.glob("*") if p.is_dir())
+    runs: list[RunRecord] = []
+    skipped: list[str] = []
+    for phase_dir in phase_dirs:
+        for path in sorted(phase_dir.glob(f"*/{RESULTS_NAME}")):
+            shown = display_path(path, root)
+            if not _plain_name(phase_dir.name) or not _plain_name(path.parent.name):
+                skipped.append(f"{one_line(shown)}: a folder name that is not printable UTF-8; skipped")
+                continue
+            try:
+                results = ResultsFile.load(path)
+            except ResultsError as error:
+                skipped.append(str(error))
+                continue
+            if phase_dir.name not in {p.phase for p in results.phases}:
+                held = ", ".join(p.phase for p in results.phases)
+                skipped.append(f"{shown}: holds the results of phase {held}, not of {phase_dir.name} "
+                               "whose folder it lies in (copied?); skipped")
+                continue
+            runs.append(RunRecord(path=path, results=results, phase=phase_dir.name,
+                                  meta=read_run_meta(path.parent)))
+    runs.sort(key=lambda run: (run.created, run.run_id, run.phase or ""))
+    return RunScan(runs, skipped)
+
+
+def _plain_name(name: str) -> bool:
+    """A folder name the views can print and link: valid UTF-8, no control characters."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a non-UTF-8 byte, read as a lone surrogate
+        return False
+    return not CONTROL_CHARS.search(name)
+
+
+def latest_runs(scan: RunScan) -> dict[str, RunRecord]:
+    """The newest informative run of each phase (``PhaseRuns.shown``): a run that only blocked
+    never hides the verdict of an earlier run, and evidence shows when there is nothing else."""
+    return {phase: runs.shown for phase, runs in phase_runs(scan).items() if runs.shown is not None}
+
+
+@dataclass(frozen=True)
+class PhaseRuns:
+    """A phase's runs as ``status`` and the report summarise them.
+
+    ``verdict``: the newest informative run of the phase's own (``role`` run); ``blocked``: a
+    newer run that only blocked; ``evidence``: the newest evidence run (a run made while the
+    phase waited on an earlier one), when newer than ``verdict``.
+    """
+
+    verdict: RunRecord | None = None
+    blocked: RunRecord | None = None
+    evidence: RunRecord | None = None
+    count: int = 0
+
+    @property
+    def shown(self) -> RunRecord | None:
+        """The run to show as the phase's evidence: its verdict, else the evidence, else the
+        newest blocked run."""
+        return self.verdict or self.evidence or self.blocked
+
+
+def phase_runs(scan: RunScan) -> dict[str, PhaseRuns]:
+    """``PhaseRuns`` of every phase that has runs, from a scan (oldest first)."""
+    found: dict[str, dict[str, RunRecord | None]] = {}
+    counts: dict[str, int] = {}
+    for run in scan.runs:
+        if run.phase is None:
+            continue
+        slot = found.setdefault(run.phase, {"verdict": None, "blocked": None, "evidence": None})
+        counts[run.phase] = counts.get(run.phase, 0) + 1
+        if run.evidence:
+            slot["evidence"] = run
+        elif run.informative and not run.meta.recorded:
+            continue  # an interrupted run: the plan never recorded it
+        elif run.informative:
+            slot["verdict"], slot["blocked"] = run, None
+            if slot["evidence"] is not None:
+                slot["evidence"] = None  # the phase's own verdict is newer than the evidence
+        else:
+            slot["blocked"] = run
+    return {phase: PhaseRuns(count=counts[phase], **slot) for phase, slot in found.items()}
+
+
+def plan_checkpoints(ws: Workspace) -> list[CheckpointView]:
+    """The checkpoint of every phase that has one, in plan order (commits resolved from tags)."""
+    return [phase.checkpoint for phase in plan_status(ws).phases if phase.checkpoint is not None]
+
+
+def resolve_run(ws: Workspace, ref: str, *, cwd: Path | None = None) -> RunRecord:
+    """The run ``ref`` names: a path to a results file or a run folder, a checkpoint tag
+    (``plan/phase``), or a run id (or an unambiguous start of one) under ``reports/``."""
+    for base in (Path(cwd or Path.cwd()), ws.root):
+        candidate = base / ref
+        if candidate.is_dir() and (candidate / RESULTS_NAME).is_file():
+            candidate = candidate / RESULTS_NAME
+        if candidate.is_file():
+            return _record_for_path(ws, candidate)
+    checkpoint = _checkpoint_named(ws, ref)
+    if checkpoint is not None:
+        path = ws.root / Path(checkpoint.report).parent / RESULTS_NAME
+        if not path.is_file():
+            raise UsageError(
+                f"checkpoint {checkpoint.tag}: its report run has no {RESULTS_NAME} ({path})"
+            )
+        return _record_for_path(ws, path)
+    scan = find_runs(ws.root, ws.plan.id)
+    exact = [run for run in scan.runs if ref in (run.run_id, run.path.parent.name)]
+    matches = exact or [run for run in scan.runs if run.path.parent.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join(run.path.parent.name for run in scan.runs[-5:]) or "none yet"
+    if matches:
+        raise UsageError(f"{ref!r} names {len(matches)} runs; give more of the run id (recent runs: {known})")
+    raise UsageError(
+        f"{ref!r} is not a results file, a run folder, a checkpoint tag or a run id of plan "
+        f"{ws.plan.id!r} (recent runs: {known})"
+    )
+
+
+def _checkpoint_named(ws: Workspace, ref: str):
+    for phase in ws.plan.phases:
+        names = {f"{ws.plan.id}/{phase.id}"}
+        if phase.checkpoint is not None:
+            names.add(phase.checkpoint.tag)
+        if ref in names:
+            if phase.checkpoint is None:
+                raise UsageError(f"phase {phase.id!r} has no checkpoint yet (status {phase.status})")
+            return phase.checkpoint
+    return None
+
+
+def _record_for_path(ws: Workspace, path: Path) -> RunRecord:
+    results = ResultsFile.load(path)
+    phase = None
+    try:
+        rel = path.resolve().relative_to((ws.root / REPORTS_DIR).resolve())
+    except ValueError:
+        rel = None
+    if rel is not None and len(rel.parts) == 4 and any(p.phase == rel.parts[1] for p in results.phases):
+        phase = rel.parts[1]
+    return RunRecord(path=path, results=results, phase=phase)
+
+
+def gpu_of(machine: MachineInfo) -> str:
+    """``NVIDIA H200`` (``x2`` for two), or the host name of a machine without a GPU."""
+    if machine.gpu_name:
+        return machine.gpu_name + (f" x{machine.gpu_count}" if machine.gpu_count > 1 else "")
+    return f"{machine.hostname} (no GPU)"
+
+
+def _counted(run: RunRecord) -> str:
+    words = {"PASS": "passed", "FAIL": "failed", "ERROR": "errored", "BLOCKED": "blocked",
+             "SKIPPED": "skipped"}
+    parts = [f"{n} gate{'s' if n != 1 else ''} {words[outcome]}" if i == 0
+             else f"{n} {words[outcome]}"
+             for i, (outcome, n) in enumerate(run.gate_counts().items())]
+    return ", ".join(parts)
+
+
+def describe_phase(status: str, runs: PhaseRuns | None, hostname: str | None = None) -> str:
+    """``failed on NVIDIA H200 (run …); blocked here (run …, 1 gate passed, 3 blocked)``, and
+    ``; evidence: PASS on NVIDIA H200 (run …), waiting on kernel`` for a phase that waits.
+    ``hostname``: this machine's, so its own runs read ``here``."""
+    text = status
+    if runs is None:
+        return text
+    verdict = runs.verdict
+    if verdict is not None and status in ("failed", "blocked") and verdict.meta.recorded:
+        text += f" on {gpu_of(verdict.machine)} (run {verdict.folder})"
+    blocked = runs.blocked
+    if blocked is not None and (verdict is not None or status != "blocked"):
+        where = "here" if hostname and blocked.machine.hostname == hostname else f"on {gpu_of(blocked.machine)}"
+        text += f"; blocked {where} (run {blocked.folder}, {_counted(blocked)})"
+    elif blocked is not None:
+        text += f" (run {blocked.folder}, {_counted(blocked)})"
+    evidence = runs.evidence
+    if evidence is not None:
+        reason = f", {evidence.meta.reason}" if evidence.meta.reason else ""
+        text += f"; evidence: {evidence.outcome} on {gpu_of(evidence.machine)} (run {evidence.folder}){reason}"
+    return text
+
+
+def phase_headline(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,
+                   runs: PhaseRuns | None) -> tuple[dict, str | None]:
+    """The phase's headline metrics and where they come from: its checkpoint, else the run that
+    explains its status (or the evidence that waits). What ``status`` and the report show."""
+    if checkpoint is not None and checkpoint.metrics:
+        return dict(checkpoint.metrics), f"checkpoint {checkpoint.tag}"
+    shown = runs.shown if runs is not None else None
+    if shown is None:
+        return {}, None
+    [results] = shown.phase_results()
+    metrics = headline_metrics(plan.phase(phase_id), results.gates)
+    return metrics, (f"run {shown.run_id}" if metrics else None)
+
+
+def phase_targets(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,
+                  runs: PhaseRuns | None) -> tuple[list[MetricCheck], str | None]:
+    """The phase's targets with where each stands, and where that comes from: the targets its
+    checkpoint left open (a complete phase), else the plan's targets checked against the run
+    that explains its status."""
+    if checkpoint is not None:
+        checks = [
+            check_thresholds({name: Threshold.parse(open_target["target"])},
+                             {} if open_target["value"] is None else {name: open_target["value"]})[0]
+            for name, open_target in checkpoint.open_targets.items()
+        ]
+        return checks, (f"checkpoint {checkpoint.tag}" if checks else None)
+    shown = runs.shown if runs is not None else None
+    if shown is None:
+        return [], None
+    [results] = shown.phase_results()
+    checks = target_checks(plan.phase(phase_id), results.gates)
+    return checks, (f"run {shown.run_id}" if checks else None)
+
+
+def describe_targets(checks: list[MetricCheck]) -> str:
+    """``1 of 3 met; open: x 0.63 (>= 0.80, 0.17 short)``: where targets stand, for a terminal."""
+    if not checks:
+        return ""
+    open_ones = [check for check in checks if not check.ok]
+    text = f"{len(checks) - len(open_ones)} of {len(checks)} met"
+    if open_ones:
+        text += "; open: " + ", ".join(
+            f"{one_line(check.metric)} {format_metric(check.value) if check.value is not None else 'not reported'} "
+            f"({check.threshold}, {check.shortfall})"
+            for check in open_ones
+        )
+    return text

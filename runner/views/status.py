@@ -1,0 +1,110 @@
+"""``runner status``: every phase's status, last checkpoint and headline metrics. Reads only.
+
+The checkpoint commit is resolved from the phase's tag when the root is a git repository (a
+commit cannot name its own hash, so the plan records the tag); elsewhere it is ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from runner.errors import GitError
+from runner.plan.order import next_phase
+from runner.repo import git
+from runner.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """A phase's checkpoint as the plan records it, with ``commit`` resolved from its tag in
+    git (``None`` outside git or when the tag is missing). The one checkpoint view: ``runner
+    status``, ``runner history`` and the HTML report all show this."""
+
+    phase: str
+    tag: str
+    time: str
+    base: str
+    fingerprint: str
+    report: str
+    commit: str | None
+    metrics: dict[str, bool | int | float | str]
+    open_targets: dict[str, dict] = field(default_factory=dict)  # metric -> {target, value}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    id: str
+    title: str
+    status: str
+    next: bool
+    gates: list[str]
+    checkpoint: CheckpointView | None
+
+
+@dataclass(frozen=True)
+class StatusView:
+    plan_id: str
+    plan_title: str
+    plan_path: str
+    next_phase: str | None
+    phases: list[PhaseView]
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (``runner status --json``)."""
+        return {
+            "plan": {"id": self.plan_id, "title": self.plan_title, "path": self.plan_path},
+            "next": self.next_phase,
+            "phases": [asdict(phase) for phase in self.phases],
+        }
+
+
+def plan_status(ws: Workspace) -> StatusView:
+    """The status of every phase of the plan in ``ws``."""
+    plan = ws.plan
+    upcoming = next_phase(plan)
+    phases = []
+    for phase in plan.phases:
+        checkpoint = None
+        if phase.checkpoint is not None:
+            record = phase.checkpoint
+            checkpoint = CheckpointView(
+                phase=phase.id,
+                tag=record.tag,
+                time=record.time,
+                base=record.base,
+                fingerprint=record.fingerprint,
+                report=record.report,
+                commit=_tag_commit(ws, record.tag),
+                metrics=dict(record.metrics),
+                open_targets={name: target.model_dump(mode="json") for name, target in record.open_targets.items()},
+            )
+        phases.append(
+            PhaseView(
+                id=phase.id,
+                title=phase.title,
+                status=phase.status,
+                next=upcoming is not None and phase.id == upcoming.id,
+                gates=[gate.name for gate in phase.gates],
+                checkpoint=checkpoint,
+            )
+        )
+    return StatusView(
+        plan_id=plan.id,
+        plan_title=plan.title,
+        plan_path=ws.plan_rel,
+        next_phase=upcoming.id if upcoming else None,
+        phases=phases,
+    )
+
+
+def _tag_commit(ws: Workspace, tag: str) -> str | None:
+    """The commit ``tag`` names, ``None`` outside git or when the tag is missing."""
+    if not (ws.root / ".git").exists():
+        return None
+    try:
+        return git.tag_commit(ws.root, tag)
+    except GitError:
+        return None

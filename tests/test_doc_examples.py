@@ -1,0 +1,22 @@
+"""The README's sample runner output and docs/report-example.html match the tracked runs: when
+a run is added or the runner's output changes, this says so (``python docs/examples.py``
+regenerates them)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
+                    reason="needs a git checkout: the samples come from the tracked runs")
+def test_the_documented_examples_match_the_tracked_runs():
+    proc = subprocess.run([sys.executable, str(ROOT / "docs" / "examples.py"), "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
