@@ -22,6 +22,7 @@ Decisions:
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +52,7 @@ class CaptureReport:
     seconds: float = 0.0
     per_key: dict[str, dict] = field(default_factory=dict)
     kernel_warmup_s: float = 0.0
+    kernel_warmup_error: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -193,8 +195,12 @@ def enable_cuda_graphs(engine, batch_sizes=DEFAULT_BATCH_SIZES, capture_graphs: 
 
         widest = max(f.shape.width for f in families)
         t0 = time.perf_counter()
-        warmup(runner.device, runner.backend.num_heads, widest, runner.pool.kv.shape[-1], runner.backend.kv_lora_rank,
-               runner.pool.dtype, use_cuda_graph=False)
+        try:
+            warmup(runner.device, runner.backend.num_heads, widest, runner.pool.kv.shape[-1], runner.backend.kv_lora_rank,
+                   runner.pool.dtype, use_cuda_graph=False)
+        except (RuntimeError, ValueError) as exc:  # the captured steps are ready; an eager fallback would compile on first use
+            report.kernel_warmup_error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"kernel warm-up of the eager variants failed: {report.kernel_warmup_error}", stacklevel=2)
         report.kernel_warmup_s = time.perf_counter() - t0
         report.seconds += report.kernel_warmup_s
     return report
