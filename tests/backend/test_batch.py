@@ -114,11 +114,13 @@ def test_triton_kv_indices_kernel_equals_the_host_build():
     ])
     batch, _ = prepared(step, pool)
     want = build_on_host(batch, step, pool).clone()
-    batch.kv_indices.fill_(-1)
-    f = batch.fields
-    _build_kv_indices_kernel[(3, 2)](pool.table.rows, pool.table.rows.stride(0), f["rows"], f["prefix_lens"],
-                                     batch.kv_indptr, f["tail_indptr"], f["tails"], batch.kv_indices, BLOCK=1024)
-    assert batch.kv_indices.tolist() == want.tolist()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under Triton's interpreter
+    f = {k: v.to(dev) for k, v in batch.fields.items()}
+    out = torch.full_like(batch.kv_indices, -1, device=dev)
+    rows = pool.table.rows.to(dev)
+    _build_kv_indices_kernel[(3, 2)](rows, rows.stride(0), f["rows"], f["prefix_lens"], f["kv_indptr"], f["tail_indptr"],
+                                     f["tails"], out, BLOCK=1024)
+    assert out.tolist() == want.tolist()
     assert want[:2500].tolist() == perm[:2500] and want[2501:2508].tolist() == perm[2500:2507]
 
 

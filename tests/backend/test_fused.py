@@ -11,6 +11,8 @@ from serving.engine.model import rms_norm
 from serving.engine.random_models import preset_config
 from serving.engine.rope import RotaryEmbedding
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernels under Triton's interpreter
+
 
 def torch_rms_norm(x, weight, eps):
     x32 = x.float()
@@ -27,14 +29,14 @@ def test_rms_norm_kernel_matches_torch(dtype, residual):
     weight = (1 + torch.randn(64, generator=gen) / 4).to(dtype)
     if residual:
         r = torch.randn(5, 64, generator=gen).to(dtype)
-        got, total = fused.rms_norm(x, weight, 1e-6, residual=r)
+        got, total = (t.cpu() for t in fused.rms_norm(x.to(DEVICE), weight.to(DEVICE), 1e-6, residual=r.to(DEVICE)))
         if dtype == torch.float32:
             assert torch.equal(total, x + r)
         else:  # Triton's interpreter truncates float32 -> bf16 (a GPU rounds to nearest): one ulp apart at most
             torch.testing.assert_close(total.float(), (x + r).float(), rtol=2 ** -7, atol=0)
         want = torch_rms_norm(x + r, weight, 1e-6)
     else:
-        got = fused.rms_norm(x, weight, 1e-6)
+        got = fused.rms_norm(x.to(DEVICE), weight.to(DEVICE), 1e-6).cpu()
         want = torch_rms_norm(x, weight, 1e-6)
     tol = 1e-6 if dtype == torch.float32 else 2 ** -5  # bf16: up to three roundings (sum, cast, weight), one ulp each
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
@@ -53,7 +55,7 @@ def test_rope_kernel_matches_the_torch_rotation(interleave, dtype):
     positions = torch.randint(0, 64, (6,), generator=gen)
     tables = rope.tables(positions, dtype)
     want = rope.apply(torch.cat([q[..., nope:], latent[:, None, 32:]], dim=1), positions, tables)
-    got = fused.rope_q_and_key(q[..., nope:], latent[:, 32:], *tables, interleave)
+    got = fused.rope_q_and_key(q.to(DEVICE)[..., nope:], latent.to(DEVICE)[:, 32:], *(t.to(DEVICE) for t in tables), interleave).cpu()
     tol = 1e-6 if dtype == torch.float32 else 2 ** -6  # bf16: one rounding in the kernel against three in torch
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
