@@ -89,6 +89,17 @@ def copy_rows_direct(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> 
     )
 
 
+def warm_up_copy(kv: torch.Tensor) -> None:
+    """Compile ``copy_rows_direct`` for ``kv`` before it is needed: one launch per specialization
+    of the row count (1, a multiple of 16, other), each copying the padding slot 0 onto itself,
+    so no compaction (and no timed one) pays a compile."""
+    if not kv.is_cuda:
+        return
+    for n in (1, 16, 17):
+        zeros = torch.zeros(n, dtype=torch.int64, device=kv.device)
+        copy_rows_direct(kv, zeros, zeros)
+
+
 @dataclass
 class ExecutorStats:
     """Moves applied and dropped, pieces, bytes (read + written, every layer), host seconds."""

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from serving.defrag.executor import Compaction
+from serving.defrag.executor import Compaction, warm_up_copy
 from serving.defrag.measure import RunTracker, measure_pool
 from serving.defrag.planner import MovePlan, plan_compaction
 from serving.engine.kv_pool import KVPool
@@ -104,6 +104,8 @@ class Defragmenter:
         self._moving: set[int] = set()  # requests of the active plan (their runs are stale)
         self._wait = 0  # checks to skip before planning again
         self.row_bytes = pool.kv.shape[0] * pool.kv.shape[2] * pool.kv.element_size()
+        if enabled and copy in ("auto", "triton"):
+            warm_up_copy(pool.kv)  # the first compaction, mid-serving, must not pay a compile
 
     def __call__(self, engine=None) -> None:
         self.between_steps()

@@ -83,7 +83,7 @@ class LayerSkipDrafter:
                             for b in range(len(requests)) for w in range(width)]
             rows = [table.row(r.req_id) for r in requests]
             lengths = [table.length(r.req_id) for r in requests]
-            first_step = StepBatch("decode", [StepEntry(row, n, [root], [r.tokens[-1]], [n])
+            first_step = StepBatch("decode", [StepEntry(row, n, [root], [r.last_token], [n])
                                               for row, n, root, r in zip(rows, lengths, roots, requests)],
                                    num_layers=layers, topk=width)
             first = engine.runner.run(first_step).topk

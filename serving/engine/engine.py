@@ -60,7 +60,13 @@ class Request:
 
     @property
     def tokens(self) -> list[int]:
+        """Prompt and output as one new list (O(context): not for a step's hot path)."""
         return self.prompt + self.output
+
+    @property
+    def last_token(self) -> int:
+        """The latest token (the next step's root), without copying the context."""
+        return self.output[-1] if self.output else self.prompt[-1]
 
 
 @dataclass
@@ -265,7 +271,7 @@ class Engine:
         for req, tree, slots in entries:
             base = table.length(req.req_id)
             step_entries.append(StepEntry(
-                table.row(req.req_id), base, slots, [req.tokens[-1]] + tree.tokens,
+                table.row(req.req_id), base, slots, [req.last_token] + tree.tokens,
                 [base] + [base + d for d in tree.depths()],
                 [-1] + [0 if p < 0 else p + 1 for p in tree.parents] if kind == "verify" else None,
             ))
