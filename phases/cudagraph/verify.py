@@ -10,7 +10,9 @@ trees. Each round:
   (``host_syncs_in_replay``: replays that synchronised with the host);
 - its outputs were poisoned first and must equal, bit for bit, the same step run eagerly on
   the same static buffers and plan (``replay_mismatches``), and its tokens must equal those of
-  the plain eager path (exact sizes, its own plan), near ties apart (``unpadded_mismatches``);
+  the plain eager path (exact sizes, its own plan made for the step, the bucket's tile
+  configuration), near ties apart (``unpadded_mismatches``: a stale plan differs outright;
+  two tile configurations would differ in their bf16 rounding);
 - every row of the pool, live or free, except the step's own new rows keeps its checksum
   (``padding_corrupted_rows``: padding writes only slot 0).
 
@@ -37,6 +39,7 @@ import torch
 
 from phases.backend import verify as greedy_gate
 from phases.backend.common import make_engine, pick_device
+from kernel import MLAVerifyWrapper
 from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.model_runner import unpack_outputs
 from serving.engine.random_models import random_model
@@ -90,6 +93,27 @@ def draw_lengths(rng: random.Random, count: int, max_context: int, budget: int) 
     return [max(1, int(n * scale)) for n in lengths]
 
 
+def plain_step(runner, graphs: CudaGraphRunner, step: StepBatch, key, wrappers: dict):
+    """``step`` through the plain eager path (exact sizes, no padding, its own plan made now), with
+    a wrapper pinned to the bucket's tile configuration: the attention is then the same
+    decomposition as the replay's, so tokens may differ only at a near tie of the padded
+    products, and a replay that kept a stale plan differs outright."""
+    backend = runner.backend
+    width = key.family.shape.width
+    wkey = (step.batch_size, width)
+    if wkey not in wrappers:
+        workspace = MLAVerifyWrapper(runner.device).allocate_workspace(
+            max_batch=step.batch_size, max_draft=width, num_heads=backend.num_heads, head_dim=runner.pool.kv.shape[-1],
+            v_head_dim=backend.kv_lora_rank, use_cuda_graph=True)
+        wrappers[wkey] = MLAVerifyWrapper(runner.device, workspace=workspace, use_cuda_graph=True)
+    saved = (runner.graphs, backend.wrapper)
+    runner.graphs, backend.wrapper = None, wrappers[wkey]
+    try:
+        return runner.run(step)
+    finally:
+        runner.graphs, backend.wrapper = saved
+
+
 def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int, seed: int) -> dict:
     """The bitwise / token / sync / padding checks over every captured target bucket.
 
@@ -104,6 +128,7 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
                   replays_checked=0)
     cuda = pool.kv.device.type == "cuda"
     keys = [k for k in graphs.keys if k.family.shape.accept]
+    exact_wrappers: dict = {}
     widest = max(k.family.shape.width for k in keys)
     count = max(k.batch for k in keys)
     lengths = draw_lengths(rng, count, max_context, (pool.allocator.num_free - count * widest) // 2)
@@ -149,9 +174,7 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
             same = same and (got.pred, got.near_tie, got.n_accepted, got.path, got.bonus) == (
                 want.pred, want.near_tie, want.n_accepted, want.path, want.bonus)
             totals["replay_mismatches"] += 0 if same else 1
-            runner.graphs = None  # the plain eager path: exact sizes, its own plan (catches a stale re-plan)
-            plain = runner.run(step)
-            runner.graphs = graphs
+            plain = plain_step(runner, graphs, step, key, exact_wrappers)
             totals["unpadded_mismatches"] += sum(
                 a != b and not tie for pa, pb, ties in zip(got.pred, plain.pred, got.near_tie) for a, b, tie in zip(pa, pb, ties))
             totals["replays_checked"] += 1
