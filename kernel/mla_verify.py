@@ -291,6 +291,11 @@ class MLAVerifyWrapper:
         self.path: str | None = None
         self.last_path: str | None = None
 
+    @property
+    def planned(self) -> MLAVerifyPlan | None:
+        """The plan the next ``run`` launches (None before the first ``plan``)."""
+        return self._plan
+
     def allocate_workspace(
         self,
         max_batch: int,

@@ -199,6 +199,11 @@ class KernelBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(self, key, batch: ForwardBatch) -> None:
         self._plan(self._graph_wrappers[key], batch)
 
+    @property
+    def active_plan(self):
+        """The plan the step's layers run (``kernel.plan.MLAVerifyPlan``), None before one."""
+        return None if self._active is None else self._active.planned
+
     def graph_workspace_bytes(self) -> dict:
         """Device bytes of each bucket's workspace (partials and metadata)."""
         return {key: sum(t.numel() * t.element_size() for t in (ws.partial_o, ws.partial_lse, ws.metadata))

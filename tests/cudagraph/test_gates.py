@@ -18,7 +18,7 @@ def test_replay_gate_cpu_profile_passes():
     m = verify.run(batch_sizes=[1, 2], rounds=2, preset="tiny", max_context=200, pool_slots=3000, greedy=TINY_GREEDY,
                    device="cpu")
     assert m["uncaptured_batch_sizes"] == 0 and m["replays_checked"] == 2 * 2 * 2
-    for key in ("replay_mismatches", "unpadded_mismatches", "host_syncs_in_replay", "padding_corrupted_rows",
+    for key in ("replay_mismatches", "stale_plans", "unpadded_mismatches", "host_syncs_in_replay", "padding_corrupted_rows",
                 "mismatched_tokens", "leaked_slots", "requests_failed"):
         assert m[key] == 0, key
 
@@ -31,7 +31,7 @@ def test_replay_gate_catches_a_stale_plan(monkeypatch):
                         lambda self, key, batch: setattr(self, "_active", self._graph_wrappers[key]))
     m = verify.run(batch_sizes=[2], rounds=2, preset="tiny", max_context=200, pool_slots=3000,
                    greedy=dict(TINY_GREEDY, prompts=1, contexts=[8]), device="cpu")
-    assert m["unpadded_mismatches"] > 0
+    assert m["stale_plans"] > 0 and m["unpadded_mismatches"] > 0
 
 
 def test_decode_speed_plumbing_on_cpu():
