@@ -11,10 +11,10 @@ trees. Each round:
 - its outputs were poisoned first and must equal, bit for bit, the same step run eagerly on
   the same static buffers and plan (``replay_mismatches``), and its tokens must equal those of
   the plain eager path (exact sizes, its own plan made for the step, the bucket's tile
-  configuration), near ties of either path apart (``unpadded_mismatches``, reported: padding
-  changes the GEMMs' shapes, so float32 noise can move a q or latent value across a bf16
-  rounding boundary: one row in about 570k differed in two H200 runs); the attention plan a
-  replay runs must be the one made for the step's own lengths (``stale_plans``);
+  configuration), near ties of the replay apart (``unpadded_mismatches``; with a near tie of
+  either path apart: ``unpadded_mismatches_either_tie``, as padding changes the GEMMs' shapes
+  and float32 noise can move a q or latent value across a bf16 rounding boundary); the
+  attention plan a replay runs must be the one made for the step's own lengths (``stale_plans``);
 - every row of the pool, live or free, except the step's own new rows keeps its checksum
   (``padding_corrupted_rows``: padding writes only slot 0).
 
@@ -126,7 +126,7 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
     """
     pool, runner, vocab = engine.pool, engine.runner, engine.model.cfg.vocab_size
     rng = random.Random(seed)
-    totals = dict(replay_mismatches=0, stale_plans=0, unpadded_mismatches=0, host_syncs_in_replay=0,
+    totals = dict(replay_mismatches=0, stale_plans=0, unpadded_mismatches=0, unpadded_mismatches_either_tie=0, host_syncs_in_replay=0,
                   padding_corrupted_rows=0, replays_checked=0)
     cuda = pool.kv.device.type == "cuda"
     keys = [k for k in graphs.keys if k.family.shape.accept]
@@ -180,9 +180,10 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
                 want.pred, want.near_tie, want.n_accepted, want.path, want.bonus)
             totals["replay_mismatches"] += 0 if same else 1
             plain = plain_step(runner, graphs, step, key, exact_wrappers)
-            totals["unpadded_mismatches"] += sum(  # a near tie of either path: their roundings differ (padding)
-                a != b and not (tie_a or tie_b) for pa, pb, ta, tb in zip(got.pred, plain.pred, got.near_tie, plain.near_tie)
-                for a, b, tie_a, tie_b in zip(pa, pb, ta, tb))
+            pairs = [(a, b, ta, tb) for pa, pb, qa, qb in zip(got.pred, plain.pred, got.near_tie, plain.near_tie)
+                     for a, b, ta, tb in zip(pa, pb, qa, qb) if a != b]
+            totals["unpadded_mismatches"] += sum(not ta for _, _, ta, _ in pairs)  # a near tie of the replay apart
+            totals["unpadded_mismatches_either_tie"] += sum(not (ta or tb) for _, _, ta, tb in pairs)
             totals["replays_checked"] += 1
             for req, e in zip(chosen, entries):
                 pool.free(e.tail)
