@@ -39,7 +39,6 @@ path's combine kernel (``kernel.triton_kernels.launch_combine``). Measurements a
 from __future__ import annotations
 
 import functools
-import math
 import os
 from dataclasses import dataclass
 

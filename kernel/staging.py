@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import torch
 
 from kernel.plan import MLAVerifyPlan, PlanLayout, next_pow2

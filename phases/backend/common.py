@@ -14,6 +14,22 @@ from serving.engine.tp_launch import LockstepRunner
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def metrics_table(metrics: dict) -> str:
+    """A gate's scalar metrics as a Markdown table (a report artifact)."""
+    lines = [f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())]
+    return "| metric | value |\n|---|---|\n" + "\n".join(lines) + "\n"
+
+
+def main_with_json_args(run, doc: str) -> None:
+    """``python -m <gate> --args '{...}'``: run the gate with those keyword arguments and print its metrics."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
+    print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
+
+
 def pick_device(device: str | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 

@@ -39,7 +39,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from phases.backend.common import DTYPES, make_engine
+from phases.backend.common import make_engine
 from phases.backend.verify import compare, graph_sizes
 from phases.cudagraph.decode_speed import attention_share
 from serving.engine.engine import Request

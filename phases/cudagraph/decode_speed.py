@@ -24,7 +24,6 @@ Standalone: ``python -m phases.cudagraph.decode_speed --args '{"contexts": [4096
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -32,7 +31,7 @@ import time
 
 import torch
 
-from phases.backend.common import DTYPES, SharedContext, make_engine, pick_device
+from phases.backend.common import DTYPES, main_with_json_args, make_engine, metrics_table, pick_device, SharedContext
 from serving.engine.random_models import random_model
 from serving.graphs import enable_cuda_graphs
 from serving.engine.tree import DraftTree
@@ -182,15 +181,12 @@ def run(
             x=gatekit.Axis("context", unit="tokens", scale="log"),
             y=gatekit.Axis("decode throughput", unit="tokens/s", scale="log"),
         )
-        lines = [f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())]
-        gatekit.write_artifact("decode_speed.md", "| metric | value |\n|---|---|\n" + "\n".join(lines) + "\n")
+        gatekit.write_artifact("decode_speed.md", metrics_table(metrics))
     return metrics
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
-    print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
+    main_with_json_args(run, __doc__)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Gate: ``call: phases.cudagraph.overhead:run`` (CUDA).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ import time
 
 import torch
 
-from phases.backend.common import SharedContext, make_engine, pick_device
+from phases.backend.common import main_with_json_args, make_engine, metrics_table, pick_device, SharedContext
 from phases.cudagraph.decode_speed import label, time_steps
 from serving.engine.random_models import random_model
 
@@ -100,15 +99,12 @@ def run(
     if dev.type == "cuda" and not first_request.pop("skip", False):
         metrics.update(first_and_second_run(**first_request))
     if gatekit:
-        lines = [f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())]
-        gatekit.write_artifact("overhead.md", "| metric | value |\n|---|---|\n" + "\n".join(lines) + "\n")
+        gatekit.write_artifact("overhead.md", metrics_table(metrics))
     return metrics
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
-    print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
+    main_with_json_args(run, __doc__)
 
 
 if __name__ == "__main__":

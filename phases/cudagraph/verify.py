@@ -29,8 +29,6 @@ same rounds without capture (tests).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
 import struct
@@ -40,7 +38,7 @@ import time
 import torch
 
 from phases.backend import verify as greedy_gate
-from phases.backend.common import make_engine, pick_device
+from phases.backend.common import main_with_json_args, make_engine, pick_device
 from kernel import MLAVerifyWrapper
 from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.model_runner import unpack_outputs
@@ -252,9 +250,7 @@ def _quiet_greedy(spec: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
-    print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
+    main_with_json_args(run, __doc__)
 
 
 if __name__ == "__main__":

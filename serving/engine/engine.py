@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import torch
 
 from serving.engine.accept import bf16_resolution
 from serving.engine.attention import AttentionBackend
