@@ -142,7 +142,10 @@ class StepLayout:
                           sum(e.num_tokens ** 2 for e in step.entries), t, sum(e.kv_len for e in step.entries))
 
     def holds(self, step: StepBatch) -> bool:
-        need = StepLayout.exact(step)
+        return self.covers(StepLayout.exact(step))
+
+    def covers(self, need: "StepLayout") -> bool:
+        """Whether every size of ``need`` fits this layout."""
         return (need.batch <= self.batch and need.tokens <= self.tokens and need.tails <= self.tails
                 and need.mask <= self.mask and need.width <= self.width and need.kv <= self.kv)
 

@@ -152,11 +152,14 @@ class ModelRunner:
         self.model.rope.ensure(max(max(e.positions) for e in step.entries) + 1)  # host only; a no-op in range
         batch = forward_batch(step, packed.views(device_buffer), kv_indices)
         if self.device.type != "cuda":
-            build_kv_indices(self.pool.table.rows, batch.fields["rows"], batch.fields["prefix_lens"], batch.kv_indptr,
-                             batch.fields["tail_indptr"], batch.fields["tails"], kv_indices,
-                             host=([e.row for e in step.entries], [e.prefix_len for e in step.entries],
-                                   [len(e.tail) for e in step.entries]))
+            self._build_kv_indices(batch, host=([e.row for e in step.entries], [e.prefix_len for e in step.entries],
+                                                [len(e.tail) for e in step.entries]))
         return batch
+
+    def _build_kv_indices(self, batch: ForwardBatch, host=None) -> None:
+        f = batch.fields
+        build_kv_indices(self.pool.table.rows, f["rows"], f["prefix_lens"], batch.kv_indptr, f["tail_indptr"], f["tails"],
+                         batch.kv_indices, host=host)
 
     # ---- device side ---------------------------------------------------------------------
 
@@ -165,8 +168,7 @@ class ModelRunner:
         ``pack_outputs``' tensors."""
         f = batch.fields
         if self.device.type == "cuda":
-            build_kv_indices(self.pool.table.rows, f["rows"], f["prefix_lens"], batch.kv_indptr, f["tail_indptr"],
-                             f["tails"], batch.kv_indices)
+            self._build_kv_indices(batch)
         logits = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers)
         outputs = row_outputs(logits, shape.topk)
         if shape.accept:
@@ -196,9 +198,7 @@ class ModelRunner:
             raise ValueError(f"Expected an extend step, got {step.kind!r}")
         batch = self.prepare(step)
         if self.device.type == "cuda":
-            f = batch.fields
-            build_kv_indices(self.pool.table.rows, f["rows"], f["prefix_lens"], batch.kv_indptr, f["tail_indptr"],
-                             f["tails"], batch.kv_indices)
+            self._build_kv_indices(batch)
         self.backend.init_forward_metadata(batch)
         rows = step.logits_rows
         index = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)

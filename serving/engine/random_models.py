@@ -28,6 +28,10 @@ from serving.engine.parallel import TensorParallel
 from serving.engine.sharded_weights import shard_weights
 from serving.engine.weights import expected_shapes
 
+# DeepSeek-V3's rope: yarn from 4k positions, factor 40 (the GPU presets' long contexts).
+DSV3_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
+                 mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1)
+
 PRESETS: dict[str, dict] = {
     "tiny": dict(
         vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
@@ -41,22 +45,19 @@ PRESETS: dict[str, dict] = {
         vocab_size=32000, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
         q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=4, max_position_embeddings=262144,
-        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
-                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+        rope_parameters=DSV3_YARN,
     ),
     "dsv3-tp8": dict(
         vocab_size=32000, hidden_size=7168, intermediate_size=2304, moe_intermediate_size=2048, num_hidden_layers=61,
         num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
         q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=61, max_position_embeddings=262144,
-        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
-                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+        rope_parameters=DSV3_YARN,
     ),
     "gpu-h128": dict(
         vocab_size=32000, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
         q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=4, max_position_embeddings=262144,
-        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
-                             mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+        rope_parameters=DSV3_YARN,
     ),
 }
 

@@ -86,13 +86,15 @@ def keys_for(families: list[StepFamily], batch_sizes=DEFAULT_BATCH_SIZES) -> lis
     return sorted(keys, key=lambda k: -k.batch * k.family.shape.width)
 
 
-def key_for(step: StepBatch, keys: list[GraphKey], pool_slots: int, max_context: int) -> GraphKey | None:
-    """The smallest captured key that serves ``step`` (None: run it eagerly)."""
+def key_for(step: StepBatch, layouts: list[tuple[GraphKey, StepLayout]]) -> GraphKey | None:
+    """The smallest key that serves ``step`` (None: run it eagerly). ``layouts``: each captured
+    key with its layout, made once (this runs on every step's host path)."""
+    need = StepLayout.exact(step)
     best = None
-    for key in keys:
-        if key.batch >= step.batch_size and key.family.serves(step) and key.layout(pool_slots, max_context).holds(step):
-            if best is None or key.batch < best.batch:
-                best = key
+    for key, layout in layouts:
+        if key.batch >= need.batch and (best is None or key.batch < best.batch) and key.family.serves(step) \
+                and layout.covers(need):
+            best = key
     return best
 
 

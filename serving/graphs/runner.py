@@ -29,7 +29,7 @@ import torch
 
 from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
 from serving.engine.model_runner import ModelRunner, StepResult, unpack_outputs
-from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, families_for, keys_for, placeholder_step
+from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, families_for, key_for, keys_for, placeholder_step
 
 
 @dataclass
@@ -84,7 +84,7 @@ class CudaGraphRunner:
         self.replays = 0
         self.eager_steps = 0
         self.last_key: GraphKey | None = None
-        self._by_batch: list[tuple[GraphKey, StepLayout]] = []
+        self._layouts: list[tuple[GraphKey, StepLayout]] = []
 
     def capture(self) -> CaptureReport:
         """Capture every key (largest first); returns the cost."""
@@ -109,7 +109,7 @@ class CudaGraphRunner:
                 "static_bytes": self.graphs[key].device_buffer.numel() * 8,
             }
         report.seconds = time.perf_counter() - start
-        self._by_batch = sorted(((k, self.graphs[k].layout) for k in self.graphs), key=lambda kl: kl[0].batch)
+        self._layouts = [(k, self.graphs[k].layout) for k in self.graphs]
         return report
 
     def _capture(self, key: GraphKey) -> Captured:
@@ -134,16 +134,10 @@ class CudaGraphRunner:
         return Captured(graph, layout, packed, device_buffer, batch, outputs)
 
     def key_for(self, step: StepBatch) -> GraphKey | None:
-        """The smallest captured bucket that holds ``step`` (buckets scanned smallest first, each
-        layout made once: this runs on every step's host path)."""
+        """The smallest captured bucket that holds ``step``."""
         if max(max(e.positions) for e in step.entries) >= self.runner.model.rope.size:
             return None  # past the rope tables the graphs read (a growth would move them)
-        need = StepLayout.exact(step)
-        for key, lay in self._by_batch:
-            if key.batch >= need.batch and key.family.serves(step) and lay.batch >= need.batch and lay.tokens >= need.tokens \
-                    and lay.tails >= need.tails and lay.mask >= need.mask and lay.width >= need.width and lay.kv >= need.kv:
-                return key
-        return None
+        return key_for(step, self._layouts)
 
     def replay_into(self, step: StepBatch, key: GraphKey) -> Captured:
         """Host side and replay of ``step`` on ``key``'s graph, without reading the results (no

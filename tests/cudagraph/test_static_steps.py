@@ -59,13 +59,14 @@ def test_bucket_choice_and_layout_bounds():
     keys = keys_for(families, (1, 2, 4, 8))
     assert keys[0].batch * keys[0].family.shape.width == max(k.batch * k.family.shape.width for k in keys)
     step = StepBatch("decode", [StepEntry(1, 10, [3], [1], [10], None) for _ in range(3)], accept=True)
-    key = key_for(step, keys, pool_slots=100, max_context=50)
+    layouts = [(k, k.layout(100, 50)) for k in keys]
+    key = key_for(step, layouts)
     assert key == GraphKey(families[0], 4)
     layout = key.layout(100, 50)
     assert layout.kv == min(4 * 50, 100) + 4 and layout.tokens == 4
     wide = StepBatch("decode", [StepEntry(1, 10, [3], [1], [10]) for _ in range(9)], accept=True)
-    assert key_for(wide, keys, 100, 50) is None
+    assert key_for(wide, layouts) is None
     other = StepBatch("decode", [StepEntry(1, 10, [3], [1], [10])], num_layers=1, topk=4)
-    assert key_for(other, keys, 100, 50).family.name == "draft-first"
+    assert key_for(other, layouts).family.name == "draft-first"
     holder = placeholder_step(GraphKey(families[1], 2))
     assert holder.batch_size == 2 and holder.max_tokens == 17 and all(e.row == 0 and set(e.tail) == {0} for e in holder.entries)
