@@ -180,6 +180,11 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
             plain = plain_step(runner, graphs, step, key, exact_wrappers)
             pairs = [(a, b, ta, tb) for pa, pb, qa, qb in zip(got.pred, plain.pred, got.near_tie, plain.near_tie)
                      for a, b, ta, tb in zip(pa, pb, qa, qb) if a != b]
+            for i, (pa, pb) in enumerate(zip(got.pred, plain.pred)):  # the evidence, in the gate's log
+                for j in (j for j, (a, b) in enumerate(zip(pa, pb)) if a != b):
+                    print(f"unpadded mismatch: {key.describe()} round {r} entry {i} row {j}: tokens {pa[j]} / {pb[j]}, "
+                          f"top-two gap {got.gap[i][j]:.6g} / {plain.gap[i][j]:.6g}, near tie {got.near_tie[i][j]} / "
+                          f"{plain.near_tie[i][j]} (replay / unpadded)", file=sys.stderr, flush=True)
             totals["unpadded_mismatches"] += sum(not ta for _, _, ta, _ in pairs)  # a near tie of the replay apart
             totals["unpadded_mismatches_either_tie"] += sum(not (ta or tb) for _, _, ta, tb in pairs)
             totals["replays_checked"] += 1

@@ -156,7 +156,8 @@ def compaction_part(layers, pool_slots, requests, budget_bytes, dev, seed) -> di
         c.step(max_moves)
     _sync(dev)
     wall_s = time.perf_counter() - t0
-    device_s = c.device_seconds() if dev.type == "cuda" else wall_s
+    pieces_s = c.piece_seconds() if dev.type == "cuda" else [wall_s]
+    device_s = sum(pieces_s)
     after = measure_pool(pool).summary()
     moved_bytes = c.stats.bytes
     ok = _checksum(pool) == checksum and pool.leaked_slots() == 0
@@ -170,6 +171,8 @@ def compaction_part(layers, pool_slots, requests, budget_bytes, dev, seed) -> di
         "compaction_pieces": c.stats.pieces,
         "compaction_bytes": moved_bytes,
         "compaction_device_ms": device_s * 1e3,
+        "compaction_piece_us_median": statistics.median(pieces_s) * 1e6 if pieces_s else 0.0,
+        "compaction_piece_us_max": max(pieces_s, default=0.0) * 1e6,
         "compaction_wall_ms": wall_s * 1e3,
         "compaction_rows_intact": int(ok),
         "moves_per_piece": max_moves,

@@ -18,8 +18,9 @@ Decisions:
   launch copies each row straight from source to destination on every layer (no temporary:
   bytes read + written = 2 x rows moved), and a failure cannot damage a live row (every
   destination was free). When they overlap, the sources are gathered first
-  (``index_select``), then scattered (``index_copy_``), and restored from the gathered copy
-  if anything fails. On a CPU (no interpreter) both use torch.
+  into a temporary, then scattered (two Triton launches: torch's ``index_select`` /
+  ``index_copy_`` over the slot dimension run at a fraction of the copy bandwidth), and
+  restored from the gathered copy if anything fails. On a CPU (no interpreter) both use torch.
 - Never under a live graph: ``step`` refuses to run while the current CUDA stream is capturing
   (moves are host-driven and would be recorded, then replayed with stale slots).
 - ``faults`` (tests): a callable invoked at "copy", "table" and "allocator" inside a piece; raising
@@ -44,25 +45,35 @@ ROW_WORDS_PER_PROGRAM = 4096  # 32-bit words one program copies per layer (16 KB
 
 
 @triton.jit
-def _move_rows_kernel(KV, SRC, DST, n, stride_layer, stride_row,
-                      W_MAIN: tl.constexpr, W_TAIL: tl.constexpr, W: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Grid: (cdiv(n, BLOCK_R), layers). KV: words [layers, slots, W] (any strides); SRC, DST:
-    int64 [n]. Copies row SRC[i] to row DST[i] of the program's layer; rows are W words, read
-    as a power-of-two main part and a masked tail."""
+def _move_rows_kernel(IN, OUT, SRC, DST, n, in_layer, in_row, out_layer, out_row,
+                      W_MAIN: tl.constexpr, W_TAIL: tl.constexpr, W: tl.constexpr, BLOCK_R: tl.constexpr,
+                      SRC_IS_ARANGE: tl.constexpr, DST_IS_ARANGE: tl.constexpr):
+    """Grid: (cdiv(n, BLOCK_R), layers). IN, OUT: words [layers, rows, W] (any strides); SRC,
+    DST: int64 [n] (ignored when ``*_IS_ARANGE``: row i). Copies IN row SRC[i] to OUT row
+    DST[i] of the program's layer; rows are W words, read as a power-of-two main part and a
+    masked tail."""
     i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = i < n
-    src = tl.load(SRC + i, mask=ok, other=0)
-    dst = tl.load(DST + i, mask=ok, other=0)
-    base = KV + tl.program_id(1).to(tl.int64) * stride_layer
+    if SRC_IS_ARANGE:
+        src = i.to(tl.int64)
+    else:
+        src = tl.load(SRC + i, mask=ok, other=0)
+    if DST_IS_ARANGE:
+        dst = i.to(tl.int64)
+    else:
+        dst = tl.load(DST + i, mask=ok, other=0)
+    layer = tl.program_id(1).to(tl.int64)
+    base_in = IN + layer * in_layer
+    base_out = OUT + layer * out_layer
     cols = tl.arange(0, W_MAIN)
-    main = tl.load(base + src[:, None] * stride_row + cols[None, :], mask=ok[:, None], eviction_policy="evict_first")
+    main = tl.load(base_in + src[:, None] * in_row + cols[None, :], mask=ok[:, None], eviction_policy="evict_first")
     if W_TAIL > 0:
         tail_cols = W_MAIN + tl.arange(0, W_TAIL)
         tail_ok = ok[:, None] & (tail_cols[None, :] < W)
-        tail = tl.load(base + src[:, None] * stride_row + tail_cols[None, :], mask=tail_ok, eviction_policy="evict_first")
-    tl.store(base + dst[:, None] * stride_row + cols[None, :], main, mask=ok[:, None], cache_modifier=".cs")
+        tail = tl.load(base_in + src[:, None] * in_row + tail_cols[None, :], mask=tail_ok, eviction_policy="evict_first")
+    tl.store(base_out + dst[:, None] * out_row + cols[None, :], main, mask=ok[:, None], cache_modifier=".cs")
     if W_TAIL > 0:
-        tl.store(base + dst[:, None] * stride_row + tail_cols[None, :], tail, mask=tail_ok, cache_modifier=".cs")
+        tl.store(base_out + dst[:, None] * out_row + tail_cols[None, :], tail, mask=tail_ok, cache_modifier=".cs")
 
 
 def _words(kv: torch.Tensor) -> torch.Tensor:
@@ -72,32 +83,53 @@ def _words(kv: torch.Tensor) -> torch.Tensor:
     return kv.view(word)
 
 
-def copy_rows_direct(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """``kv[:, dst] = kv[:, src]`` with one Triton launch, no temporary. kv: [layers, slots, D]
-    with unit last stride; src, dst: int64 [n] on kv's device, no destination among the sources."""
-    n = src.numel()
+def _copy_rows(src_kv: torch.Tensor, dst_kv: torch.Tensor, src: torch.Tensor | None, dst: torch.Tensor | None,
+               n: int) -> None:
+    """``dst_kv[:, dst] = src_kv[:, src]`` for n rows, one launch (None: rows 0..n-1)."""
     if n == 0:
         return
-    words = _words(kv)
-    w = words.shape[-1]
+    words_in, words_out = _words(src_kv), _words(dst_kv)
+    w = words_in.shape[-1]
     w_main = 1 << (w.bit_length() - 1)
     w_tail = 0 if w == w_main else max(16, 1 << (w - w_main - 1).bit_length())
     block_r = max(1, min(64, ROW_WORDS_PER_PROGRAM // w_main))
-    _move_rows_kernel[(triton.cdiv(n, block_r), words.shape[0])](
-        words, src, dst, n, words.stride(0), words.stride(1),
-        W_MAIN=w_main, W_TAIL=w_tail, W=w, BLOCK_R=block_r, num_warps=4,
+    _move_rows_kernel[(triton.cdiv(n, block_r), words_in.shape[0])](
+        words_in, words_out, words_in if src is None else src, words_in if dst is None else dst, n,
+        words_in.stride(0), words_in.stride(1), words_out.stride(0), words_out.stride(1),
+        W_MAIN=w_main, W_TAIL=w_tail, W=w, BLOCK_R=block_r,
+        SRC_IS_ARANGE=src is None, DST_IS_ARANGE=dst is None, num_warps=4,
     )
 
 
+def copy_rows_direct(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``kv[:, dst] = kv[:, src]`` with one Triton launch, no temporary. kv: [layers, slots, D]
+    with unit last stride; src, dst: int64 [n] on kv's device, no destination among the sources."""
+    _copy_rows(kv, kv, src, dst, src.numel())
+
+
+def gather_rows(kv: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``kv[:, src]`` as a new [layers, n, D] tensor, one Triton launch (``index_select``)."""
+    out = torch.empty(kv.shape[0], src.numel(), kv.shape[2], dtype=kv.dtype, device=kv.device)
+    _copy_rows(kv, out, src, None, src.numel())
+    return out
+
+
+def scatter_rows(kv: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> None:
+    """``kv[:, dst] = rows`` (rows: [layers, n, D]), one Triton launch (``index_copy_``)."""
+    _copy_rows(rows, kv, None, dst, dst.numel())
+
+
 def warm_up_copy(kv: torch.Tensor) -> None:
-    """Compile ``copy_rows_direct`` for ``kv`` before it is needed: one launch per specialization
-    of the row count (1, a multiple of 16, other), each copying the padding slot 0 onto itself,
-    so no compaction (and no timed one) pays a compile."""
+    """Compile the row copies for ``kv`` before they are needed: the direct copy, the gather and
+    the scatter, each for every specialization of the row count (1, a multiple of 16, other),
+    each copying the padding slot 0 onto itself, so no compaction (and no timed one) pays a
+    compile."""
     if not kv.is_cuda:
         return
     for n in (1, 16, 17):
         zeros = torch.zeros(n, dtype=torch.int64, device=kv.device)
         copy_rows_direct(kv, zeros, zeros)
+        scatter_rows(kv, zeros, gather_rows(kv, zeros))
 
 
 @dataclass
@@ -184,10 +216,14 @@ class Compaction:
 
     def device_seconds(self) -> float:
         """Device time of the pieces' copies so far (needs ``events=True`` on CUDA; synchronizes)."""
+        return sum(self.piece_seconds())
+
+    def piece_seconds(self) -> list[float]:
+        """Device time of each piece's copy so far (see ``device_seconds``)."""
         if not self._events:
-            return 0.0
+            return []
         torch.cuda.synchronize()
-        return sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+        return [a.elapsed_time(b) / 1e3 for a, b in self._events]
 
     # ---- one piece -------------------------------------------------------------------
 
@@ -242,24 +278,30 @@ class Compaction:
         src = [self._src[k] for k in keep]
         dst = [self._dst[k] for k in keep]
         res = [d for d in dst if d in self.reserved]
-        device = pool.kv.device
-        src_t = torch.tensor(src, dtype=torch.int64).to(device, non_blocking=True)
-        dst_t = torch.tensor(dst, dtype=torch.int64).to(device, non_blocking=True)
+        # Everything the copy needs is ready before the first event: the window holds the copy.
+        indices = torch.tensor([src, dst], dtype=torch.int64).to(pool.kv.device, non_blocking=True)
+        src_t, dst_t = indices[0], indices[1]
         overlap = not set(src).isdisjoint(dst)
+        triton_copy = self.copy == "triton"
+        timed = self._events is not None
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         gathered = None
         stage = 0
         try:
-            if self._events is not None:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if timed:
                 start.record()
-            if overlap:
-                gathered = pool.kv.index_select(1, src_t)  # [layers, n, D]: every source read first
-                pool.kv.index_copy_(1, dst_t, gathered)
-            elif self.copy == "triton":
+            if overlap:  # every source read first, into [layers, n, D]
+                gathered = gather_rows(pool.kv, src_t) if triton_copy else pool.kv.index_select(1, src_t)
+                if triton_copy:
+                    scatter_rows(pool.kv, dst_t, gathered)
+                else:
+                    pool.kv.index_copy_(1, dst_t, gathered)
+            elif triton_copy:
                 copy_rows_direct(pool.kv, src_t, dst_t)
             else:
                 pool.kv.index_copy_(1, dst_t, pool.kv.index_select(1, src_t))
-            if self._events is not None:
+            if timed:
                 end.record()
                 self._events.append((start, end))
             self._fault("copy")
@@ -277,7 +319,7 @@ class Compaction:
             if stage >= 1:
                 table.rename_at(req, pos, dst, src)
             if gathered is not None:
-                pool.kv.index_copy_(1, src_t, gathered)  # sources a destination overwrote
+                pool.kv.index_copy_(1, src_t, gathered)  # sources a destination overwrote (rare: torch)
             raise
         self.reserved.difference_update(res)
         self._reserved_mask[res] = False

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from serving.defrag.executor import Compaction, copy_rows_direct
-from serving.defrag.planner import MovePlan, plan_compaction
+from serving.defrag.executor import Compaction, copy_rows_direct, gather_rows, scatter_rows
+from serving.defrag.planner import MovePlan, plan_compaction, split_waves
 from serving.engine.kv_pool import KVPool
 from tests.defrag.pools import churn_pool, same_state, snapshot
 
@@ -192,3 +192,51 @@ def test_a_compaction_through_the_triton_copy():
     rows = rows_of(pool)
     Compaction(pool, plan_for(pool), copy="triton").run(16)
     assert_consistent(pool, rows)
+
+
+def overlapping_pieces(plan: MovePlan, max_moves: int) -> int:
+    """Pieces of ``plan`` (``max_moves`` at a time) with a destination among their sources."""
+    count = 0
+    for b in range(0, plan.num_moves, max_moves):
+        src, dst = plan.src[b : b + max_moves], plan.dst[b : b + max_moves]
+        count += sum(not set(src[w0:w1].tolist()).isdisjoint(dst[w0:w1].tolist()) for w0, w1 in split_waves(src, dst))
+    return count
+
+
+def test_triton_gather_and_scatter_move_bytes_exactly():
+    gen = torch.Generator().manual_seed(3)
+    kv = torch.randn(3, 40, 576, generator=gen).to(torch.bfloat16)
+    src = torch.tensor([4, 9, 1, 33, 17], dtype=torch.int64)
+    dst = torch.tensor([9, 4, 20, 21, 1], dtype=torch.int64)  # destinations among the sources
+    rows = gather_rows(kv, src)
+    assert torch.equal(rows.view(torch.int16), kv[:, src].view(torch.int16))
+    expect = kv.clone()
+    expect[:, dst] = rows
+    scatter_rows(kv, dst, rows)
+    assert torch.equal(kv.view(torch.int16), expect.view(torch.int16))
+
+
+@pytest.mark.parametrize("fail_at", [None, "copy", "table", "allocator"])
+def test_a_compaction_through_the_triton_copy_with_overlapping_pieces(fail_at):
+    pool = churn_pool(90, 90, 0, layers=2, row_dim=64, dtype=torch.bfloat16)
+    plan = plan_for(pool)
+    kinds = [not set(plan.src[b:b + 16][w0:w1].tolist()).isdisjoint(plan.dst[b:b + 16][w0:w1].tolist())
+             for b in range(0, plan.num_moves, 16) for w0, w1 in split_waves(plan.src[b:b + 16], plan.dst[b:b + 16])]
+    assert sum(kinds) >= 3  # the gather-then-scatter path is what runs here
+    rows = rows_of(pool)
+    pieces = []
+
+    def fault(where):  # fails inside the first overlapping piece
+        if where == "copy":
+            pieces.append(where)
+        if where == fail_at and kinds[len(pieces) - 1]:
+            raise RuntimeError("injected")
+
+    c = Compaction(pool, plan, copy="triton", faults=fault)
+    if fail_at is None:
+        c.run(16)
+    else:
+        with pytest.raises(RuntimeError, match="injected"):
+            c.run(16)
+        c.cancel()
+    assert_consistent(pool, rows)  # an undone piece restored the sources its destinations overwrote
