@@ -107,9 +107,10 @@ def copy_rows_direct(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> 
     _copy_rows(kv, kv, src, dst, src.numel())
 
 
-def gather_rows(kv: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """``kv[:, src]`` as a new [layers, n, D] tensor, one Triton launch (``index_select``)."""
-    out = torch.empty(kv.shape[0], src.numel(), kv.shape[2], dtype=kv.dtype, device=kv.device)
+def gather_rows(kv: torch.Tensor, src: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``kv[:, src]`` into ``out`` [layers, n, D] (None: a new tensor), one Triton launch (``index_select``)."""
+    if out is None:
+        out = torch.empty(kv.shape[0], src.numel(), kv.shape[2], dtype=kv.dtype, device=kv.device)
     _copy_rows(kv, out, src, None, src.numel())
     return out
 
@@ -287,12 +288,13 @@ class Compaction:
         if timed:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         gathered = None
+        scratch = pool.kv.new_empty(pool.kv.shape[0], len(src), pool.kv.shape[2]) if overlap and triton_copy else None
         stage = 0
         try:
             if timed:
                 start.record()
             if overlap:  # every source read first, into [layers, n, D]
-                gathered = gather_rows(pool.kv, src_t) if triton_copy else pool.kv.index_select(1, src_t)
+                gathered = gather_rows(pool.kv, src_t, scratch) if triton_copy else pool.kv.index_select(1, src_t)
                 if triton_copy:
                     scatter_rows(pool.kv, dst_t, gathered)
                 else:
