@@ -175,6 +175,7 @@ def compaction_part(layers, pool_slots, requests, budget_bytes, dev, seed) -> di
         "compaction_device_ms": device_s * 1e3,
         "compaction_piece_us_median": statistics.median(pieces_s) * 1e6 if pieces_s else 0.0,
         "compaction_piece_us_max": max(pieces_s, default=0.0) * 1e6,
+        "compaction_launch_us_per_piece": c.stats.launch_s / max(1, c.stats.pieces) * 1e6,
         "compaction_back_to_back_GBps": moved_bytes / back_to_back_s / 1e9 if back_to_back_s else 0.0,
         "compaction_wall_ms": wall_s * 1e3,
         "compaction_rows_intact": int(ok),

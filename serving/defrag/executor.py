@@ -142,6 +142,7 @@ class ExecutorStats:
     pieces: int = 0
     bytes: int = 0
     host_s: float = 0.0
+    launch_s: float = 0.0  # host time inside the timed windows (with events): the launches
 
 
 class Compaction:
@@ -280,8 +281,11 @@ class Compaction:
         dst = [self._dst[k] for k in keep]
         res = [d for d in dst if d in self.reserved]
         # Everything the copy needs is ready before the first event: the window holds the copy.
-        indices = torch.tensor([src, dst], dtype=torch.int64).to(pool.kv.device, non_blocking=True)
-        src_t, dst_t = indices[0], indices[1]
+        n, width = len(src), len(src) + len(src) % 2  # an even row width keeps dst_t 16-byte aligned (no new
+        host = np.zeros((2, width), dtype=np.int64)    # kernel specialization, so no compile mid-compaction)
+        host[0, :n], host[1, :n] = src, dst
+        indices = torch.from_numpy(host).to(pool.kv.device, non_blocking=True)
+        src_t, dst_t = indices[0, :n], indices[1, :n]
         overlap = not set(src).isdisjoint(dst)
         triton_copy = self.copy == "triton"
         timed = self._events is not None
@@ -293,6 +297,7 @@ class Compaction:
         try:
             if timed:
                 start.record()
+                launch_t0 = time.perf_counter()
             if overlap:  # every source read first, into [layers, n, D]
                 gathered = gather_rows(pool.kv, src_t, scratch) if triton_copy else pool.kv.index_select(1, src_t)
                 if triton_copy:
@@ -304,6 +309,7 @@ class Compaction:
             else:
                 pool.kv.index_copy_(1, dst_t, pool.kv.index_select(1, src_t))
             if timed:
+                self.stats.launch_s += time.perf_counter() - launch_t0
                 end.record()
                 self._events.append((start, end))
             self._fault("copy")

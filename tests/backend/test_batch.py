@@ -179,3 +179,19 @@ def test_kv_indices_on_cuda_match_the_host_build():
     build_kv_indices(cuda_pool.table.rows, f["rows"], f["prefix_lens"], cuda_batch.kv_indptr, f["tail_indptr"],
                      f["tails"], cuda_batch.kv_indices)
     assert cuda_batch.kv_indices.tolist() == want
+
+
+@pytest.mark.parametrize("bucket", [False, True])
+def test_a_verify_step_without_drafts_lets_each_token_see_itself(bucket):
+    """Every entry a bare root (T_b = 1): each [1, 1] mask block is true, in an exact layout
+    (width 1, packed like a decode step) as in a bucket's wider one; a false block would hide
+    the token's own key from it."""
+    pool = pool_with_prefixes()
+    t = pool.table
+    step = StepBatch("verify", [StepEntry(t.row(1), 3, [13], [1], [3], [-1]), StepEntry(t.row(2), 2, [22], [1], [2], [-1])])
+    layout = StepLayout.exact(step)
+    if bucket:
+        layout = dataclasses.replace(layout, batch=4, tokens=16, tails=16, mask=64, width=4, kv=32)
+    packed = PackedStep.allocate(layout, pin=False)
+    packed.fill(step)
+    assert packed.numpy("tree_mask")[:2].tolist() == [True, True]
