@@ -164,9 +164,8 @@ class Compaction:
         self.next = 0
         self._req, self._pos = plan.req.tolist(), plan.pos.tolist()
         self._src, self._dst = plan.src.tolist(), plan.dst.tolist()
-        self._last_write = {}
-        for k, d in enumerate(self._dst):
-            self._last_write[d] = k
+        self._last_write = np.full(pool.num_slots, -1, dtype=np.int64)  # slot -> the last move writing it
+        np.maximum.at(self._last_write, plan.dst, np.arange(len(plan.dst)))
         alloc = pool.allocator
         reserve = plan.initially_free_destinations(alloc.free_mask()).tolist() if len(plan.dst) else []
         self.reserved = set(reserve)
@@ -332,7 +331,9 @@ class Compaction:
         self.reserved.difference_update(res)
         self._reserved_mask[res] = False
         end_k = keep[-1]
-        later = sorted({s for s in src if self._last_write.get(s, -1) > end_k and alloc.is_free(s)})
+        vacated = np.asarray(src, dtype=np.int64)
+        vacated = vacated[(self._last_write[vacated] > end_k) & alloc.free_mask_of(vacated)]
+        later = np.unique(vacated).tolist()
         if later:  # vacated now, written by a later move: keep the engine off it
             alloc.reserve(later)
             self.reserved.update(later)

@@ -59,19 +59,28 @@ class SlotAllocator:
         return bool(self._is_free[slot])
 
     def free_mask(self) -> np.ndarray:
-        """bool [num_slots]: which slots are free now (a copy, made in C: for planning and
-        measuring over large pools, where ``free_slots`` would walk the stack in Python)."""
+        """bool [num_slots]: which slots are free now (a copy: for planning and measuring over
+        large pools, without ordering the free stack as ``free_slots`` does)."""
         return np.frombuffer(self._is_free, dtype=np.uint8).astype(bool)
+
+    def free_mask_of(self, slots: np.ndarray) -> np.ndarray:
+        """bool [len(slots)]: which of these slots are free now."""
+        return self._flags()[slots] != 0
 
     def free_slots(self) -> list[int]:
         """The free slots, in the order ``alloc`` would hand them out last-to-first."""
-        seen, slots = set(), []
-        for s in reversed(self._free):  # the topmost entry of a slot is the live one
-            if self._is_free[s] and s not in seen:
-                seen.add(s)
-                slots.append(s)
-        slots.reverse()
-        return slots
+        if not self._free:
+            return []
+        top_down = np.asarray(self._free, dtype=np.int64)[::-1]  # the topmost entry of a slot is the live one
+        _, first = np.unique(top_down, return_index=True)
+        first.sort()
+        live = top_down[first]
+        live = live[self._flags()[live] != 0]
+        return live[::-1].tolist()
+
+    def _flags(self) -> np.ndarray:
+        """uint8 [num_slots] view of the free flags (writes go through)."""
+        return np.frombuffer(self._is_free, dtype=np.uint8)
 
     def _prune(self) -> None:
         """Rebuild the stack once stale entries outnumber the free slots (amortized O(1))."""
@@ -97,14 +106,21 @@ class SlotAllocator:
         """Take these specific free slots (a defragmenter's destinations), all or none:
         ValueError, reserving nothing, unless each is a free slot of this pool, listed once.
         They count as allocated until ``free`` returns them or ``relocate`` fills them."""
-        seen = set()
-        for s in slots:
-            if not isinstance(s, int) or not 0 < s < self.num_slots or not self._is_free[s] or s in seen:
-                raise ValueError(f"Expected free slots of this pool, each once, got slot {s!r}")
-            seen.add(s)
-        for s in slots:
-            self._is_free[s] = 0
+        if not (len(slots) > 64 and self._all_free(slots)):  # else the loop names the first bad slot
+            seen = set()
+            for s in slots:
+                if not isinstance(s, int) or not 0 < s < self.num_slots or not self._is_free[s] or s in seen:
+                    raise ValueError(f"Expected free slots of this pool, each once, got slot {s!r}")
+                seen.add(s)
+        self._flags()[np.asarray(slots, dtype=np.int64)] = 0
         self._num_free -= len(slots)
+
+    def _all_free(self, slots: list[int]) -> bool:
+        """Whether every slot is a free slot of this pool, once: vectorized for long lists."""
+        a = np.asarray(slots)
+        if a.dtype.kind not in "iu" or a.min() < 1 or a.max() >= self.num_slots:
+            return False
+        return bool(self._flags()[a].all()) and len(np.unique(a)) == len(a)
 
     def _all_owned(self, slots: list[int]) -> bool:
         """Whether every slot is an allocated slot of this pool, once: vectorized for long lists."""
@@ -127,9 +143,9 @@ class SlotAllocator:
     def free(self, slots: list[int]) -> None:
         """Return allocated slots; raises ValueError (freeing nothing) on a double free or a foreign slot."""
         self._check_owned(slots)
-        for s in slots:
-            self._is_free[s] = 1
-            self._free.append(s)
+        if slots:
+            self._flags()[np.asarray(slots, dtype=np.int64)] = 1
+        self._free.extend(slots)
         self._num_free += len(slots)
         self._prune()
 
@@ -139,6 +155,8 @@ class SlotAllocator:
         if len(src) != len(dst):
             raise ValueError(f"Expected as many destinations as sources, got {len(dst)} and {len(src)}")
         self._check_owned(src)
+        if len(dst) > 64 and self._all_fillable(src, dst):
+            return  # else the loop below names the first bad destination
         vacated, seen = set(src), set()
         for d in dst:
             if not isinstance(d, int) or not 0 < d < self.num_slots:
@@ -147,13 +165,20 @@ class SlotAllocator:
                 raise ValueError(f"Expected each destination free or vacated by this move, got slot {d}")
             seen.add(d)
 
+    def _all_fillable(self, src: list[int], dst: list[int]) -> bool:
+        """Whether every destination is a slot of this pool, once, free or among ``src`` (vectorized)."""
+        d = np.asarray(dst)
+        if d.dtype.kind not in "iu" or d.min() < 1 or d.max() >= self.num_slots or len(np.unique(d)) != len(d):
+            return False
+        return bool((self._flags()[d].astype(bool) | np.isin(d, np.asarray(src))).all())
+
     def relocate(self, src: list[int], dst: list[int]) -> None:
         """After rows moved from allocated ``src`` to ``dst`` (pairwise), mark ``dst``
         allocated and the vacated sources free (a slot may be both: a chain of moves).
         Validated first (``check_relocate``): a bad call changes nothing."""
         self.check_relocate(src, dst)
         freed, taken = set(src) - set(dst), set(dst) - set(src)
-        flags = np.frombuffer(self._is_free, dtype=np.uint8)
+        flags = self._flags()
         flags[list(freed)] = 1
         flags[list(taken)] = 0  # their stack entries go stale; alloc skips them
         self._free.extend(sorted(freed, reverse=True))

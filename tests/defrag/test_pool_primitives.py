@@ -26,36 +26,55 @@ def test_reserve_takes_exactly_the_given_free_slots_or_none():
     assert alloc.alloc(1) == [3]
 
 
-def test_lazy_free_stack_hands_out_what_an_eager_one_would():
+def test_long_reserve_and_relocate_refuse_one_bad_slot_and_change_nothing():
+    alloc = SlotAllocator(1000)
+    held = alloc.alloc(200)
+    free = alloc.free_slots()
+    for bad in ([*free[:99], free[0]], [*free[:99], held[0]], [*free[:99], 0], [*free[:99], 1000]):
+        with pytest.raises(ValueError, match="free slots of this pool"):
+            alloc.reserve(bad)
+        assert alloc.free_slots() == free
+    for bad in ([*free[:99], free[0]], [*free[:99], held[150]], [*free[:99], 1000]):
+        with pytest.raises(ValueError, match="Expected"):
+            alloc.relocate(held[:100], bad)
+        assert alloc.free_slots() == free
+    alloc.relocate(held[:100], [*held[50:100], *free[:50]])  # a chain: half the destinations vacated by the call
+    assert alloc.num_free == len(free) and all(alloc.is_free(s) for s in held[:50])
+
+
+@pytest.mark.parametrize("scale", [1, 40])  # 40: long lists, through the vectorized checks
+def test_lazy_free_stack_hands_out_what_an_eager_one_would(scale):
     """Random alloc / free / relocate / reserve against a model of the old eager stack."""
     rng = random.Random(0)
-    alloc = SlotAllocator(300)
-    model = list(range(299, 0, -1))
+    alloc = SlotAllocator(300 * scale)
+    model = list(range(300 * scale - 1, 0, -1))
     held: list[int] = []
-    for _ in range(3000):
+    for _ in range(3000 if scale == 1 else 300):
         op = rng.random()
         if op < 0.35 and model:
-            n = rng.randint(1, min(5, len(model)))
+            n = rng.randint(1, min(5 * scale, len(model)))
             got = alloc.alloc(n)
             assert got == [model.pop() for _ in range(n)]
             held += got
         elif op < 0.6 and held:
-            out = rng.sample(held, rng.randint(1, min(4, len(held))))
+            out = rng.sample(held, rng.randint(1, min(4 * scale, len(held))))
             alloc.free(out)
             model.extend(out)
-            held = [s for s in held if s not in out]
+            gone = set(out)
+            held = [s for s in held if s not in gone]
         elif op < 0.85 and held and model:
-            k = rng.randint(1, min(3, len(held), len(model)))
+            k = rng.randint(1, min(3 * scale, len(held), len(model)))
             src = rng.sample(held, k)
             dst = rng.sample(model, k)
             alloc.relocate(src, dst)
-            taken = set(dst)
+            taken, moved = set(dst), set(src)
             model = [s for s in model if s not in taken] + sorted(src, reverse=True)
-            held = [s for s in held if s not in src] + dst
+            held = [s for s in held if s not in moved] + dst
         elif model:
-            got = rng.sample(model, rng.randint(1, min(3, len(model))))
+            got = rng.sample(model, rng.randint(1, min(3 * scale, len(model))))
             alloc.reserve(got)
-            model = [s for s in model if s not in got]
+            taken = set(got)
+            model = [s for s in model if s not in taken]
             held += got
         assert alloc.free_slots() == model and alloc.num_free == len(model)
 
