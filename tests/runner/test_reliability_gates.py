@@ -120,7 +120,11 @@ def test_daemon_in_a_new_session_is_ended_and_reported(repo, tmp_path):
     """``setsid sleep 600 &`` leaves the gate's process group; the runner, a child subreaper,
     gets it back when the gate's shell exits, ends it and says so."""
     pid_file = tmp_path / "daemon.pid"
-    res = go(make_gate(run=f"setsid sleep 600 & echo $! > {pid_file}; echo started"), repo)
+    # The gate exits only once the daemon is sleep in its own session: had the shell exited
+    # first, the daemon would still be in the gate's group and be ended with it, unreported.
+    wait = ("for i in $(seq 1000); do read -r _ c _ _ _ s _ < /proc/$p/stat; "
+            "[ \"$c $s\" = \"(sleep) $p\" ] && break; sleep 0.01; done")
+    res = go(make_gate(run=f"setsid sleep 600 & p=$!; echo $p > {pid_file}; {wait}; echo started"), repo)
     try:
         assert res.outcome == "PASS", res.reason
         assert "(sleep)" in res.reason and "outside its process group" in res.reason
