@@ -178,15 +178,14 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
                 want.pred, want.near_tie, want.n_accepted, want.path, want.bonus)
             totals["replay_mismatches"] += 0 if same else 1
             plain = plain_step(runner, graphs, step, key, exact_wrappers)
-            pairs = [(a, b, ta, tb) for pa, pb, qa, qb in zip(got.pred, plain.pred, got.near_tie, plain.near_tie)
-                     for a, b, ta, tb in zip(pa, pb, qa, qb) if a != b]
-            for i, (pa, pb) in enumerate(zip(got.pred, plain.pred)):  # the evidence, in the gate's log
-                for j in (j for j, (a, b) in enumerate(zip(pa, pb)) if a != b):
-                    print(f"unpadded mismatch: {key.describe()} round {r} entry {i} row {j}: tokens {pa[j]} / {pb[j]}, "
-                          f"top-two gap {got.gap[i][j]:.6g} / {plain.gap[i][j]:.6g}, near tie {got.near_tie[i][j]} / "
-                          f"{plain.near_tie[i][j]} (replay / unpadded)", file=sys.stderr, flush=True)
-            totals["unpadded_mismatches"] += sum(not ta for _, _, ta, _ in pairs)  # a near tie of the replay apart
-            totals["unpadded_mismatches_either_tie"] += sum(not (ta or tb) for _, _, ta, tb in pairs)
+            differ = [(i, j) for i, (pa, pb) in enumerate(zip(got.pred, plain.pred))
+                      for j, (a, b) in enumerate(zip(pa, pb)) if a != b]
+            for i, j in differ:  # the evidence, in the gate's log
+                print(f"unpadded mismatch: {key.describe()} round {r} entry {i} row {j}: tokens {got.pred[i][j]} / "
+                      f"{plain.pred[i][j]}, top-two gap {got.gap[i][j]:.6g} / {plain.gap[i][j]:.6g}, near tie "
+                      f"{got.near_tie[i][j]} / {plain.near_tie[i][j]} (replay / unpadded)", file=sys.stderr, flush=True)
+            totals["unpadded_mismatches"] += sum(not got.near_tie[i][j] for i, j in differ)  # a near tie of the replay apart
+            totals["unpadded_mismatches_either_tie"] += sum(not (got.near_tie[i][j] or plain.near_tie[i][j]) for i, j in differ)
             totals["replays_checked"] += 1
             for req, e in zip(chosen, entries):
                 pool.free(e.tail)

@@ -280,8 +280,9 @@ class Compaction:
         dst = [self._dst[k] for k in keep]
         res = [d for d in dst if d in self.reserved]
         # Everything the copy needs is ready before the first event: the window holds the copy.
-        n, width = len(src), len(src) + len(src) % 2  # an even row width keeps dst_t 16-byte aligned (no new
-        host = np.zeros((2, width), dtype=np.int64)    # kernel specialization, so no compile mid-compaction)
+        # An even row width keeps dst_t 16-byte aligned: no new kernel specialization mid-compaction.
+        n = len(src)
+        host = np.zeros((2, n + n % 2), dtype=np.int64)
         host[0, :n], host[1, :n] = src, dst
         indices = torch.from_numpy(host).to(pool.kv.device, non_blocking=True)
         src_t, dst_t = indices[0, :n], indices[1, :n]
@@ -297,16 +298,14 @@ class Compaction:
             if timed:
                 start.record()
                 launch_t0 = time.perf_counter()
-            if overlap:  # every source read first, into [layers, n, D]
-                gathered = gather_rows(pool.kv, src_t, scratch) if triton_copy else pool.kv.index_select(1, src_t)
-                if triton_copy:
-                    scatter_rows(pool.kv, dst_t, gathered)
-                else:
-                    pool.kv.index_copy_(1, dst_t, gathered)
-            elif triton_copy:
-                copy_rows_direct(pool.kv, src_t, dst_t)
+            if not triton_copy:  # every source read first, into [layers, n, D]
+                gathered = pool.kv.index_select(1, src_t)
+                pool.kv.index_copy_(1, dst_t, gathered)
+            elif overlap:
+                gathered = gather_rows(pool.kv, src_t, scratch)
+                scatter_rows(pool.kv, dst_t, gathered)
             else:
-                pool.kv.index_copy_(1, dst_t, pool.kv.index_select(1, src_t))
+                copy_rows_direct(pool.kv, src_t, dst_t)
             if timed:
                 self.stats.launch_s += time.perf_counter() - launch_t0
                 end.record()
@@ -326,7 +325,7 @@ class Compaction:
             if stage >= 1:
                 table.rename_at(req, pos, dst, src)
             if gathered is not None:
-                pool.kv.index_copy_(1, src_t, gathered)  # sources a destination overwrote (rare: torch)
+                pool.kv.index_copy_(1, src_t, gathered)  # sources a destination overwrote
             raise
         self.reserved.difference_update(res)
         self._reserved_mask[res] = False

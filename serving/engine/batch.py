@@ -242,13 +242,11 @@ class PackedStep:
         valid = self.arrays["grid_valid"].reshape(-1, w)
         anc = self.arrays["grid_anc"].reshape(-1, w, w)
         parents[:] = np.arange(w)  # padded cells: their own parent, depth 0, invalid, reading row 0
-        if w == 1:  # one token per entry (decode, or verify without drafts): a single cell each
+        if w == 1 and step.kind != "verify":  # one token per entry, no tree mask: a single cell each
             b = len(t_lens)
             grid_rows[:b, 0] = np.arange(b)
             valid[:b, 0] = True
             anc[:b, 0, 0] = True
-            if step.kind == "verify":  # each entry's [1, 1] block: the token sees itself
-                self.arrays["tree_mask"][:b] = True
             return
         mask = self.arrays["tree_mask"]
         offset, row = 0, 0

@@ -61,7 +61,7 @@ class SlotAllocator:
     def free_mask(self) -> np.ndarray:
         """bool [num_slots]: which slots are free now (a copy: for planning and measuring over
         large pools, without ordering the free stack as ``free_slots`` does)."""
-        return np.frombuffer(self._is_free, dtype=np.uint8).astype(bool)
+        return self._flags().astype(bool)
 
     def free_mask_of(self, slots: np.ndarray) -> np.ndarray:
         """bool [len(slots)]: which of these slots are free now."""
@@ -115,19 +115,21 @@ class SlotAllocator:
         self._flags()[np.asarray(slots, dtype=np.int64)] = 0
         self._num_free -= len(slots)
 
-    def _all_free(self, slots: list[int]) -> bool:
-        """Whether every slot is a free slot of this pool, once: vectorized for long lists."""
+    def _distinct_slots(self, slots: list[int]) -> np.ndarray | None:
+        """``slots`` as an array if they are integer slots of this pool, each once; else None.
+        The vectorized checks of long lists use it (the loops name the first bad slot)."""
         a = np.asarray(slots)
-        if a.dtype.kind not in "iu" or a.min() < 1 or a.max() >= self.num_slots:
-            return False
-        return bool(self._flags()[a].all()) and len(np.unique(a)) == len(a)
+        if a.dtype.kind not in "iu" or a.min() < 1 or a.max() >= self.num_slots or len(np.unique(a)) != len(a):
+            return None
+        return a
+
+    def _all_free(self, slots: list[int]) -> bool:
+        a = self._distinct_slots(slots)
+        return a is not None and bool(self._flags()[a].all())
 
     def _all_owned(self, slots: list[int]) -> bool:
-        """Whether every slot is an allocated slot of this pool, once: vectorized for long lists."""
-        a = np.asarray(slots)
-        if a.dtype.kind not in "iu" or a.min() < 1 or a.max() >= self.num_slots:
-            return False
-        return not np.frombuffer(self._is_free, dtype=np.uint8)[a].any() and len(np.unique(a)) == len(a)
+        a = self._distinct_slots(slots)
+        return a is not None and not self._flags()[a].any()
 
     def _check_owned(self, slots: list[int]) -> None:
         if len(slots) > 64 and self._all_owned(slots):
@@ -166,11 +168,9 @@ class SlotAllocator:
             seen.add(d)
 
     def _all_fillable(self, src: list[int], dst: list[int]) -> bool:
-        """Whether every destination is a slot of this pool, once, free or among ``src`` (vectorized)."""
-        d = np.asarray(dst)
-        if d.dtype.kind not in "iu" or d.min() < 1 or d.max() >= self.num_slots or len(np.unique(d)) != len(d):
-            return False
-        return bool((self._flags()[d].astype(bool) | np.isin(d, np.asarray(src))).all())
+        """Whether every destination is a slot of this pool, once, free or among ``src``."""
+        d = self._distinct_slots(dst)
+        return d is not None and bool(((self._flags()[d] != 0) | np.isin(d, np.asarray(src))).all())
 
     def relocate(self, src: list[int], dst: list[int]) -> None:
         """After rows moved from allocated ``src`` to ``dst`` (pairwise), mark ``dst``
