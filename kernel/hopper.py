@@ -6,7 +6,7 @@ outputs + log2-sum-exp per split, merged by a combine kernel. Same masking (pref
 tree mask on the last T_b keys, causal without a mask), ragged batches, no atomics
 (bitwise-identical reruns), output written only at real rows of ``out``.
 
-Two split kernels, both warp-specialized around the same producer:
+Three split kernels; the first two warp-specialized around the same producer:
 
 * producer partition (4 warps): gathers 64 KV rows per stage with 16-byte ``cp.async`` into
   a 2-deep ring (the 512-wide latent part and the 64-wide rope part in separate power-of-two
@@ -17,23 +17,23 @@ Two split kernels, both warp-specialized around the same producer:
   mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``); the consumer releases
   the slot on its "empty" mbarrier.
 * ``_mla_verify_hopper_split_kernel`` (64 packed rows per work item, 8-warp consumer = two
-  warpgroups): S = Q Kᵀ with ``warpgroup_mma`` where the warpgroups own different key columns
-  of S (no duplicated Q·Kᵀ), online softmax in fp32, P staged in shared memory, O += P V with
-  each warpgroup owning 256 of the 512 output columns.
+  warpgroups; chosen for 17 to 127 packed rows): S = Q Kᵀ with ``warpgroup_mma`` where the
+  warpgroups own different key columns of S (no duplicated Q·Kᵀ), online softmax in fp32, P
+  staged in shared memory, O += P V with each warpgroup owning 256 of the 512 output columns.
 * ``_mla_verify_hopper_keys_as_m_kernel`` (16 packed rows, one-warpgroup consumer): keys are
   the wgmma M dimension (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ), a quarter of the padded tensor work of the
   64-row tile; chosen for up to 16 rows (``choose_variant``).
-
-A candidate under measurement (``CANDIDATES``, timed by ``phases/kernel/bench/hopper_check.py``,
-not dispatched): ``_mla_verify_hopper_seesaw_kernel`` (``kernel/hopper_seesaw.py``), FlashMLA's
-organisation of 64 rows: no producer partition, each warpgroup the scores of its own tiles and half
-the output columns, P exchanged through shared memory.
+* ``_mla_verify_hopper_seesaw_kernel`` (``kernel/hopper_seesaw.py``, 64 packed rows): FlashMLA's
+  organisation, no producer partition, each warpgroup the scores of its own tiles and half the
+  output columns, P exchanged through shared memory, its own cp.async gathers (same contiguous
+  fast path); chosen from 128 packed rows.
 
 This module is the host side: ``available``, ``supported``, ``choose_variant``, ``make_plan``,
 ``plan_tensors``, ``allocate_workspace``, ``run_split_and_combine``;
 ``compile_for_sm90`` and ``resource_stats`` compile without a GPU and report registers, spills
-and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py``; the split merge is the Triton
-path's combine kernel (``kernel.triton_kernels.launch_combine``). Measurements and every variant tried: phases/kernel/NOTES.md, "Hopper path".
+and shared memory. The Gluon kernels are in ``kernel/hopper_gluon.py`` and ``kernel/hopper_seesaw.py``;
+the split merge is the Triton path's combine kernel (``kernel.triton_kernels.launch_combine``).
+Measurements and every variant tried: phases/kernel/NOTES.md, "Hopper path".
 """
 
 from __future__ import annotations
@@ -103,15 +103,16 @@ class Variant:
         return 4 if self.keys_as_m or self.seesaw else CONSUMER_WARPS
 
 
-DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups: every row count
+DEFAULT_VARIANT = Variant()  # 64-row tiles, two warpgroups behind a producer: 17 to 127 packed rows
 KEYS_AS_M_VARIANT = Variant(keys_as_m=True, block_m=16)  # one warpgroup, keys as M: up to 16 packed rows
+SEESAW_VARIANT = Variant(seesaw=True)  # FlashMLA's two-warpgroup seesaw for 64-row tiles: from 128 packed rows
+SEESAW_MIN_ROWS = 128
 # The variants the path uses, in the order phases/kernel/bench/hopper_check.py times them. Every
 # variant measured (the losers included) is in phases/kernel/NOTES.md, "Hopper path".
-VARIANTS = (DEFAULT_VARIANT, KEYS_AS_M_VARIANT)
+VARIANTS = (DEFAULT_VARIANT, KEYS_AS_M_VARIANT, SEESAW_VARIANT)
 # Variants under measurement, timed next to VARIANTS by hopper_check ($VARIANTS names them); empty
 # between experiments: a variant that lost leaves the source and its numbers stay in the notes.
-SEESAW_VARIANT = Variant(seesaw=True)  # FlashMLA's two-warpgroup seesaw for 64-row tiles (under measurement)
-CANDIDATES: tuple[Variant, ...] = (SEESAW_VARIANT,)
+CANDIDATES: tuple[Variant, ...] = ()
 
 
 def choose_variant(max_rows: int) -> Variant:
@@ -119,9 +120,14 @@ def choose_variant(max_rows: int) -> Variant:
 
     Measured on an H200 (phases/kernel/NOTES.md, "Hopper path"): keys-as-M wins by 1.3-1.5x for up to 16
     rows (H=16 decode) and loses by 1.15-2.4x from 128 rows (each extra 16-row block re-reads the
-    chunk); the 64-key, 2-stage two-warpgroup kernel beat every 32- and 16-key variant everywhere.
+    chunk); from 128 rows the seesaw beats the two-warpgroup kernel (1.27-1.33x at (H, T) = (128, 8),
+    1.15x on the ragged batch, 1.1x at 64k-128k with 128 rows; within 10% either way at 16k), which
+    stays between (the seesaw lost at 16 rows); the 64-key, 2-stage tiles beat every 32- and 16-key
+    variant everywhere.
     """
-    return KEYS_AS_M_VARIANT if max_rows <= KEYS_AS_M_VARIANT.block_m else DEFAULT_VARIANT
+    if max_rows <= KEYS_AS_M_VARIANT.block_m:
+        return KEYS_AS_M_VARIANT
+    return SEESAW_VARIANT if max_rows >= SEESAW_MIN_ROWS else DEFAULT_VARIANT
 
 
 def tile_config(num_sms: int, variant: Variant = DEFAULT_VARIANT) -> TileConfig:
@@ -304,8 +310,9 @@ def run_split_and_combine(
                        V_HEAD_DIM, *combine_shape(plan, fixed_grid))
 
 
-def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):
-    """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned).
+def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, contiguous: bool = False):
+    """Compile the split kernel for sm_90 without a GPU (pointer args 16-byte aligned);
+    ``contiguous``: with the contiguous fast path (``KV_START`` / ``KV_CONTIG``).
 
     Returns the compiled kernel: ``.n_regs``, ``.n_spills``, ``.metadata.shared``."""
     from triton.backends.compiler import GPUTarget
@@ -316,11 +323,16 @@ def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT):
                 "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "COUNTS": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
                 "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32", "W_KV_START": "*i32",
                 "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
+    if contiguous:
+        pointers |= {"KV_START": "*i32", "KV_CONTIG": "*i32"}
     scalars = {"num_heads": "i32", "qk_scale": "fp32", "stride_qn": "i32", "stride_qh": "i32",
                "stride_on": "i32", "stride_oh": "i32"}
     constexprs = dict(_split_constexprs(variant), CAUSAL=causal)
+    if not contiguous:
+        constexprs |= {"KV_START": None, "KV_CONTIG": None}
     signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers
+             if name not in ("KV_START", "KV_CONTIG")}  # per-request arrays: any alignment
     src = GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": variant.num_warps})
 

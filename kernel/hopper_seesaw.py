@@ -1,10 +1,11 @@
-"""The FlashMLA "seesaw" organisation of the Hopper split kernel, in Gluon (a candidate variant).
+"""The FlashMLA "seesaw" organisation of the Hopper split kernel, in Gluon (dispatched from 128 packed rows).
 
 ``_mla_verify_hopper_seesaw_kernel`` serves the same work items, arguments and outputs as
 ``kernel.hopper_gluon._mla_verify_hopper_split_kernel`` (64 packed rows, 64-key tiles, fp32
 partials + log2-sum-exp per split), organised as FlashMLA's dense sm90 decode kernel
 (``csrc/sm90/decode/dense/splitkv_mla.cuh``), with cp.async gathers of page_size=1 rows in place
-of its TMA loads:
+of its TMA loads, and the same contiguous fast path as the producer of the other kernels
+(``KV_START`` / ``KV_CONTIG``, compiled out when not given):
 
 * Two warpgroups, no producer partition. The work item's 64-key tiles are taken in pairs: WG0 (the
   default partition) computes the full 64 x 64 scores S = Q Kᵀ of the even tile, WG1 (a worker
@@ -53,6 +54,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from kernel.hopper_gluon import _tile_slots
 
 # mbarrier slots (one [NUM_BARRIERS, 1] allocation)
 FULL_A = gl.constexpr(0)  # + ring slot: half A (latent 0..255) landed (one arrival per WG0 thread)
@@ -132,11 +135,26 @@ def _mask_tile(sc, start, kv_end, prefix_len, words, s_layout: gl.constexpr, BLO
 
 
 @gluon.jit
-def _slots(KV_INDICES, kv_base, kv_start, kv_end, tile, g_layout: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Slot indices [BLOCK_N] of ``tile`` of the item (row layout of ``g_layout``) and which are real keys."""
+def _run(W_REQ, KV_START, KV_CONTIG):
+    """(keys in the request's contiguous run, its first slot): (0, 0) without the fast path."""
+    contig = 0
+    slot_base = 0
+    if KV_CONTIG is not None:
+        b = gl.load(W_REQ + gl.program_id(0))
+        contig = gl.load(KV_CONTIG + b)
+        slot_base = gl.load(KV_START + b)
+    return contig, slot_base
+
+
+@gluon.jit
+def _slots(KV_INDICES, kv_base, kv_start, kv_end, tile, contig, slot_base, g_layout: gl.constexpr,
+           BLOCK_N: gl.constexpr, CONTIGUOUS: gl.constexpr):
+    """Slot indices [BLOCK_N] of ``tile`` of the item (row layout of ``g_layout``) and which are real
+    keys; keys of the request's contiguous run (``CONTIGUOUS``: ``_run``) at ``slot_base + key``,
+    without index loads."""
     keys = kv_start + tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
     ok = keys < kv_end
-    return gl.load(KV_INDICES + kv_base + keys, mask=ok, other=0), ok
+    return _tile_slots(KV_INDICES, kv_base, keys, ok, contig, slot_base, CONTIGUOUS), ok
 
 
 @gluon.jit
@@ -241,7 +259,7 @@ def _wg0(Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, K
          num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
          q_main, kmain, ktail, p0_smem, p1_smem, m0_s, a0_s, m1_s, a1_s, l0_s, l1_s, bars,
          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
-         DV: gl.constexpr, CAUSAL: gl.constexpr):
+         DV: gl.constexpr, CAUSAL: gl.constexpr, KV_START, KV_CONTIG):
     """Even tiles, output columns 0..255, refills of half A; loads Q for both warpgroups."""
     HALF: gl.constexpr = DV // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -254,10 +272,13 @@ def _wg0(Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, K
     (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows,
      kv_base) = _item(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
                       num_heads)
+    contig, slot_base = _run(W_REQ, KV_START, KV_CONTIG)
     # Half A of the first two tiles (ring slots 0 and 1); WG1 loads their halves B.
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 0, g_layout, BLOCK_N)
+    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 0, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
     _refill(KV, kmain, ktail, bars, 0, 0, slot, ok, g_layout, D_MAIN, D_TAIL)
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 1, g_layout, BLOCK_N)
+    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 1, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
     _refill(KV, kmain, ktail, bars, 1, 0, slot, ok, g_layout, D_MAIN, D_TAIL)
 
     # Q: latent part into q_main, rope part staged in p1_smem (free until WG1's first P), 64 columns a pass.
@@ -285,8 +306,10 @@ def _wg0(Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, K
     for j in range(gl.cdiv(n_tiles, 2)):
         phase = j & 1
         mine = j & 1  # ring slot of this pair's even tile; the odd tile is in the other
-        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, g_layout, BLOCK_N)
-        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, g_layout, BLOCK_N)
+        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
+        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
         sc = _scores(_q_view(q_main, j, num_heads), q_rope, kmain, ktail, bars, 1, 0, mine, phase, s_layout, BLOCK_M,
                      BLOCK_N, HALF)
         sc = sc * qk_scale
@@ -335,7 +358,7 @@ def _wg1(KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_I
          num_heads, qk_scale, stride_on, stride_oh,
          q_main, kmain, ktail, p0_smem, p1_smem, m0_s, a0_s, m1_s, a1_s, l0_s, l1_s, bars,
          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
-         DV: gl.constexpr, CAUSAL: gl.constexpr):
+         DV: gl.constexpr, CAUSAL: gl.constexpr, KV_START, KV_CONTIG):
     """Odd tiles, output columns 256..511, refills of half B."""
     HALF: gl.constexpr = DV // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -348,9 +371,12 @@ def _wg1(KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_I
     (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows,
      kv_base) = _item(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
                       num_heads)
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 0, g_layout, BLOCK_N)
+    contig, slot_base = _run(W_REQ, KV_START, KV_CONTIG)
+    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 0, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
     _refill(KV, kmain, ktail, bars, 0, 1, slot, ok, g_layout, D_MAIN, D_TAIL)
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 1, g_layout, BLOCK_N)
+    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 1, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
     _refill(KV, kmain, ktail, bars, 1, 1, slot, ok, g_layout, D_MAIN, D_TAIL)
     rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=srow)
     row_ok = rows < num_rows
@@ -366,8 +392,10 @@ def _wg1(KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_I
     for j in range(gl.cdiv(n_tiles, 2)):
         phase = j & 1
         mine = (j & 1) ^ 1  # ring slot of this pair's odd tile
-        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, g_layout, BLOCK_N)
-        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, g_layout, BLOCK_N)
+        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
+        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, contig, slot_base, g_layout,
+                          BLOCK_N, KV_CONTIG is not None)
         sc = _scores(_q_view(q_main, j, num_heads), q_rope, kmain, ktail, bars, 0, 1, mine, phase, s_layout, BLOCK_M,
                      BLOCK_N, HALF)
         sc = sc * qk_scale
@@ -414,7 +442,7 @@ def _mla_verify_hopper_seesaw_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr,
     DV: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WARPS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, KV_START=None, KV_CONTIG=None,
 ):
     """Grid: (num_work,); arguments, shapes and outputs as ``_mla_verify_hopper_split_kernel``
     (PARTIAL_O: fp32 [num_work, 64, 512]). NUM_WARPS = 4: the default partition is WG0; WG1 runs
@@ -454,12 +482,12 @@ def _mla_verify_hopper_seesaw_kernel(
                     W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
                     num_heads, qk_scale, stride_qn, stride_qh, stride_on, stride_oh,
                     q_main, kmain, ktail, p0_smem, p1_smem, m0_s, a0_s, m1_s, a1_s, l0_s, l1_s, bars,
-                    BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, CAUSAL)),
+                    BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, CAUSAL, KV_START, KV_CONTIG)),
             (_wg1, (KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
                     W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
                     num_heads, qk_scale, stride_on, stride_oh,
                     q_main, kmain, ktail, p0_smem, p1_smem, m0_s, a0_s, m1_s, a1_s, l0_s, l1_s, bars,
-                    BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, CAUSAL)),
+                    BLOCK_M, BLOCK_N, D_MAIN, D_TAIL, DV, CAUSAL, KV_START, KV_CONTIG)),
         ],
         [4],
         [CONSUMER_REGS],

@@ -148,11 +148,14 @@ def triton_config_for(config: TileConfig) -> TileConfig:
     (BM64_BN64_w8_s2, which spills on sm_90: it only serves run()'s fallback for int64 indices or
     strided rows over a Hopper plan); the keys-as-M 16-row one differs from the Triton 16-row
     default in launch parameters, replaced by the default's (8 warps, 3 stages), and keeps its
-    own ``min_chunk``. Other configurations are returned unchanged.
+    own ``min_chunk``; the seesaw's (64 rows, one 4-warp default partition) is launched with 8
+    warps, as the other 64-row one. Other configurations are returned unchanged.
     """
-    if not config.keys_as_m:
-        return config
-    return dataclasses.replace(config, keys_as_m=False, num_warps=8, num_stages=3)
+    if config.keys_as_m:
+        return dataclasses.replace(config, keys_as_m=False, num_warps=8, num_stages=3)
+    if config.block_m >= 64 and config.num_warps < 8:
+        return dataclasses.replace(config, num_warps=8)
+    return config
 
 
 def run_plan(

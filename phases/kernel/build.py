@@ -63,7 +63,7 @@ def _hopper_variant_stats(variant, causal: bool) -> dict:
     from kernel import hopper
 
     stats = hopper.resource_stats(hopper.compile_for_sm90(causal, variant))
-    kernel = "_mla_verify_hopper_keys_as_m_kernel" if variant.keys_as_m else "_mla_verify_hopper_split_kernel"
+    kernel = hopper._split_kernel(variant).__name__
     return {"kernel": f"{kernel}[{'causal' if causal else 'tree'}]", "config": variant.describe() + "_sm90",
             "n_regs": stats["n_regs"], "n_spills": stats["n_spills"], "shared_bytes": stats["shared_bytes"],
             "setmaxnreg": stats["setmaxnreg"]}

@@ -544,8 +544,8 @@ def test_build_picks_the_dispatched_hopper_variants(monkeypatch):
     monkeypatch.setattr(build, "_hopper_variant_stats", lambda v, causal: seen.append((v, causal)) or
                         {"kernel": v.describe(), "config": str(causal), "n_regs": 1, "n_spills": 0, "shared_bytes": 1})
     stats = build.collect_stats(build.hopper_compile_stats, BENCH_SHAPES)
-    assert {v for v, _ in seen} == {hopper.KEYS_AS_M_VARIANT, hopper.DEFAULT_VARIANT}
-    assert len(stats) == 4
+    assert {v for v, _ in seen} == {hopper.KEYS_AS_M_VARIANT, hopper.DEFAULT_VARIANT, hopper.SEESAW_VARIANT}
+    assert len(stats) == 6
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
