@@ -6,7 +6,8 @@ attention.
 2. Compaction: a pool of ``layers`` layers (61: DeepSeek-V3) x ``pool_slots`` rows of 576
    bf16, filled with ``requests`` requests grown in interleaved pieces from a shuffled free
    stack, is planned (``planner_s``) and compacted by the executor a budget at a time (the
-   defragmenter's default, ``budget_bytes``), as between engine steps.
+   defragmenter's default, ``budget_bytes``), as between engine steps, its copies replayed
+   from the defragmenter's captured launch (``RowMover``).
    ``compaction_GBps``: bytes read + written (2 x rows moved x every layer) over the device
    time of the moves (CUDA events around each piece's copy); ``compaction_wall_GBps`` the same
    over the wall time of the executor (host checks and bookkeeping included, synchronized), and
@@ -51,7 +52,7 @@ from kernel.plan import contiguous_runs
 from kernel.reference import tree_mask_from_parents
 from phases.defrag.common import gate_main, pick_device
 from serving.defrag import Compaction, DefragPolicy, measure_pool, plan_compaction
-from serving.defrag.executor import copy_rows_direct, gather_rows, scatter_rows, warm_up_copy
+from serving.defrag.executor import RowMover, copy_rows_direct, gather_rows, scatter_rows, warm_up_copy
 from serving.defrag.planner import split_waves
 from serving.engine.kv_indices import build_kv_indices
 from serving.engine.kv_pool import KVPool
@@ -150,8 +151,9 @@ def compaction_part(layers, pool_slots, requests, budget_bytes, dev, seed) -> di
     max_moves = max(1, budget_bytes // (2 * row_bytes))
     checksum = _checksum(pool)
     warm_up_copy(pool.kv)  # compiled before the clock starts, as an engine does when it attaches the defragmenter
+    mover = RowMover(pool.kv, max_moves) if dev.type == "cuda" else None  # as the Defragmenter makes it
     _sync(dev)
-    c = Compaction(pool, plan, events=dev.type == "cuda")
+    c = Compaction(pool, plan, mover=mover, events=dev.type == "cuda")
     t0 = time.perf_counter()
     while not c.done:
         c.step(max_moves)

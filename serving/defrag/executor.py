@@ -45,13 +45,18 @@ ROW_WORDS_PER_PROGRAM = 4096  # 32-bit words one program copies per layer (16 KB
 
 
 @triton.jit
-def _move_rows_kernel(IN, OUT, SRC, DST, n, in_layer, in_row, out_layer, out_row,
+def _move_rows_kernel(IN, OUT, SRC, DST, n, N_PTR, in_layer, in_row, out_layer, out_row,
                       W_MAIN: tl.constexpr, W_TAIL: tl.constexpr, W: tl.constexpr, BLOCK_R: tl.constexpr,
-                      SRC_IS_ARANGE: tl.constexpr, DST_IS_ARANGE: tl.constexpr):
+                      SRC_IS_ARANGE: tl.constexpr, DST_IS_ARANGE: tl.constexpr, N_ON_DEVICE: tl.constexpr):
     """Grid: (cdiv(n, BLOCK_R), layers). IN, OUT: words [layers, rows, W] (any strides); SRC,
     DST: int64 [n] (ignored when ``*_IS_ARANGE``: row i). Copies IN row SRC[i] to OUT row
     DST[i] of the program's layer; rows are W words, read as a power-of-two main part and a
-    masked tail."""
+    masked tail. ``N_ON_DEVICE``: the row count is N_PTR[0] (at most ``n``, the grid's size),
+    so one captured launch serves any count; programs past it return."""
+    if N_ON_DEVICE:
+        n = tl.load(N_PTR)
+        if tl.program_id(0) * BLOCK_R >= n:
+            return
     i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = i < n
     if SRC_IS_ARANGE:
@@ -84,8 +89,9 @@ def _words(kv: torch.Tensor) -> torch.Tensor:
 
 
 def _copy_rows(src_kv: torch.Tensor, dst_kv: torch.Tensor, src: torch.Tensor | None, dst: torch.Tensor | None,
-               n: int) -> None:
-    """``dst_kv[:, dst] = src_kv[:, src]`` for n rows, one launch (None: rows 0..n-1)."""
+               n: int, n_on_device: torch.Tensor | None = None) -> None:
+    """``dst_kv[:, dst] = src_kv[:, src]`` for n rows, one launch (None: rows 0..n-1);
+    ``n_on_device``: int64 [1], the count (at most n) read by the kernel."""
     if n == 0:
         return
     words_in, words_out = _words(src_kv), _words(dst_kv)
@@ -95,9 +101,10 @@ def _copy_rows(src_kv: torch.Tensor, dst_kv: torch.Tensor, src: torch.Tensor | N
     block_r = max(1, min(64, ROW_WORDS_PER_PROGRAM // w_main))
     _move_rows_kernel[(triton.cdiv(n, block_r), words_in.shape[0])](
         words_in, words_out, words_in if src is None else src, words_in if dst is None else dst, n,
+        words_in if n_on_device is None else n_on_device,
         words_in.stride(0), words_in.stride(1), words_out.stride(0), words_out.stride(1),
         W_MAIN=w_main, W_TAIL=w_tail, W=w, BLOCK_R=block_r,
-        SRC_IS_ARANGE=src is None, DST_IS_ARANGE=dst is None, num_warps=4,
+        SRC_IS_ARANGE=src is None, DST_IS_ARANGE=dst is None, N_ON_DEVICE=n_on_device is not None, num_warps=4,
     )
 
 
@@ -133,6 +140,45 @@ def warm_up_copy(kv: torch.Tensor) -> None:
         scatter_rows(kv, zeros, gather_rows(kv, zeros))
 
 
+class RowMover:
+    """Direct row copies (``copy_rows_direct``) of up to ``capacity`` rows on every layer of ``kv``
+    as one CUDA-graph replay: the count and the indices live in a device buffer the kernel reads,
+    so a piece costs an upload and a replay, not a Triton launch (tens of microseconds of host
+    time on a busy server's CPU, during which the GPU waits).
+
+    load(src, dst) uploads a piece (int arrays, n <= capacity, no destination among the sources);
+    replay() copies it. Made between steps (capture must not overlap another capture); valid while
+    ``kv`` lives.
+    """
+
+    def __init__(self, kv: torch.Tensor, capacity: int) -> None:
+        if not kv.is_cuda or capacity < 1:
+            raise ValueError(f"Expected a CUDA pool and capacity >= 1, got {kv.device} and {capacity}")
+        self.kv = kv
+        self.capacity = -(-capacity // 16) * 16  # even: dst stays 16-byte aligned
+        cap = self.capacity
+        self.index = torch.zeros(2 + 2 * cap, dtype=torch.int64, device=kv.device)  # [n, pad, src.., dst..]
+        args = (kv, kv, self.index[2 : 2 + cap], self.index[2 + cap :], cap, self.index[:1])
+        _copy_rows(*args)  # compiled (n = 0: every program returns) before the capture
+        torch.cuda.synchronize(kv.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            _copy_rows(*args)
+
+    def load(self, src: np.ndarray, dst: np.ndarray) -> None:
+        n = len(src)
+        if n > self.capacity or len(dst) != n:
+            raise ValueError(f"Expected at most {self.capacity} moves with as many destinations, got {n} and {len(dst)}")
+        host = np.zeros(2 + 2 * self.capacity, dtype=np.int64)  # fresh: the upload may still read it
+        host[0] = n
+        host[2 : 2 + n] = src
+        host[2 + self.capacity : 2 + self.capacity + n] = dst
+        self.index.copy_(torch.from_numpy(host), non_blocking=True)
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
 @dataclass
 class ExecutorStats:
     """Moves applied and dropped, pieces, bytes (read + written, every layer), host seconds."""
@@ -149,25 +195,30 @@ class Compaction:
     """One compaction: ``plan`` applied to ``pool`` by ``step`` calls (between engine steps).
 
     copy: "triton" (one launch per piece, on CUDA or under Triton's interpreter), "torch"
-    (gather then scatter), or "auto" (triton on CUDA, torch on a CPU). events: record CUDA
-    events around each piece's device copy (``device_seconds``). faults: see the module docstring.
+    (gather then scatter), or "auto" (triton on CUDA, torch on a CPU). mover: a ``RowMover`` of
+    this pool (CUDA): pieces without overlap that fit it are copied by its graph replay. events:
+    record CUDA events around each piece's device copy (``device_seconds``). faults: see the
+    module docstring.
     """
 
-    def __init__(self, pool: KVPool, plan: MovePlan, *, copy: str = "auto", events: bool = False,
-                 faults: Callable[[str], None] | None = None) -> None:
+    def __init__(self, pool: KVPool, plan: MovePlan, *, copy: str = "auto", mover: RowMover | None = None,
+                 events: bool = False, faults: Callable[[str], None] | None = None) -> None:
         if copy not in ("auto", "triton", "torch"):
             raise ValueError(f"Expected copy in ('auto', 'triton', 'torch'), got {copy!r}")
+        if mover is not None and mover.kv is not pool.kv:
+            raise ValueError("Expected a RowMover made for this pool's rows, got one of another tensor")
         self.pool, self.plan = pool, plan
         self.copy = ("triton" if pool.kv.is_cuda else "torch") if copy == "auto" else copy
+        self.mover = mover if self.copy == "triton" else None
         self.faults = faults
         self.stats = ExecutorStats()
         self.next = 0
-        self._req, self._pos = plan.req.tolist(), plan.pos.tolist()
-        self._src, self._dst = plan.src.tolist(), plan.dst.tolist()
+        self._req, self._pos = plan.req.astype(np.int64), plan.pos.astype(np.int64)
+        self._src, self._dst = plan.src.astype(np.int64), plan.dst.astype(np.int64)
         self._last_write = np.full(pool.num_slots, -1, dtype=np.int64)  # slot -> the last move writing it
-        np.maximum.at(self._last_write, plan.dst, np.arange(len(plan.dst)))
+        np.maximum.at(self._last_write, self._dst, np.arange(len(self._dst)))
         alloc = pool.allocator
-        reserve = plan.initially_free_destinations(alloc.free_mask()).tolist() if len(plan.dst) else []
+        reserve = plan.initially_free_destinations(alloc.free_mask()).tolist() if len(self._dst) else []
         self.reserved = set(reserve)
         self._reserved_mask = np.zeros(pool.num_slots, dtype=bool)  # the same set, for vectorized checks
         self._reserved_mask[reserve] = True
@@ -192,7 +243,7 @@ class Compaction:
         end = len(self._src) if max_moves is None else min(len(self._src), self.next + max(1, max_moves))
         base, applied = self.next, 0
         try:
-            for w0, w1 in split_waves(np.asarray(self._src[base:end]), np.asarray(self._dst[base:end])):
+            for w0, w1 in split_waves(self._src[base:end], self._dst[base:end]):
                 applied += self._apply(base + w0, base + w1)
         finally:
             self.stats.host_s += time.perf_counter() - t0
@@ -228,31 +279,30 @@ class Compaction:
 
     # ---- one piece -------------------------------------------------------------------
 
-    def _checked(self, k0: int, k1: int) -> list[int]:
+    def _checked(self, k0: int, k1: int) -> np.ndarray:
         """The moves of [k0, k1) still valid against the pool (see the module docstring)."""
-        table, alloc = self.pool.table, self.pool.allocator
-        keep = list(range(k0, k1))
+        keep = np.arange(k0, k1)
         if self._all_valid(k0, k1):
             return keep
+        table, alloc = self.pool.table, self.pool.allocator
         while True:
-            sources = {self._src[k] for k in keep}
+            sources = set(self._src[keep].tolist())
             ok = []
-            for k in keep:
-                r, p, s, d = self._req[k], self._pos[k], self._src[k], self._dst[k]
+            for k in keep.tolist():
+                r, p, s, d = int(self._req[k]), int(self._pos[k]), int(self._src[k]), int(self._dst[k])
                 holds = r in table and p < table.length(r) and table.slots(r)[p] == s
                 if holds and (d in self.reserved or alloc.is_free(d) or d in sources):
                     ok.append(k)
             if len(ok) == len(keep):
-                return ok
-            keep = ok  # a dropped move no longer vacates its source: check again
+                return keep
+            keep = np.asarray(ok, dtype=np.int64)  # a dropped move no longer vacates its source: check again
 
     def _all_valid(self, k0: int, k1: int) -> bool:
         """Whether every move of [k0, k1) holds (vectorized; the usual case between steps):
         its row is where the plan says, its destination reserved or vacated by the piece."""
-        table = self.pool.table
-        src, dst = self.plan.src[k0:k1], self.plan.dst[k0:k1]
+        src, dst = self._src[k0:k1], self._dst[k0:k1]
         try:
-            table.check_rename_at(self._req[k0:k1], self._pos[k0:k1], self._src[k0:k1])
+            self.pool.table.check_rename_at(self._req[k0:k1].tolist(), self._pos[k0:k1].tolist(), src.tolist())
         except ValueError:
             return False
         return bool((self._reserved_mask[dst] | np.isin(dst, src)).all())
@@ -260,11 +310,11 @@ class Compaction:
     def _apply(self, k0: int, k1: int) -> int:
         keep = self._checked(k0, k1)
         self.stats.dropped += (k1 - k0) - len(keep)
-        if keep:
+        if len(keep):
             self._commit(keep)
         self.next = k1
         self.stats.applied += len(keep)
-        self.stats.pieces += bool(keep)
+        self.stats.pieces += bool(len(keep))
         self.stats.bytes += 2 * len(keep) * self.row_bytes
         return len(keep)
 
@@ -272,33 +322,40 @@ class Compaction:
         if self.faults is not None:
             self.faults(where)
 
-    def _commit(self, keep: list[int]) -> None:
+    def _commit(self, keep: np.ndarray) -> None:
+        """Apply the checked moves ``keep`` (indices into the plan) as one atomic piece. Every
+        precondition of the table's and the allocator's updates was just checked (``_checked``):
+        they run without checking again (``checked=True``)."""
         pool, table, alloc = self.pool, self.pool.table, self.pool.allocator
-        req = [self._req[k] for k in keep]
-        pos = [self._pos[k] for k in keep]
-        src = [self._src[k] for k in keep]
-        dst = [self._dst[k] for k in keep]
-        res = [d for d in dst if d in self.reserved]
-        # Everything the copy needs is ready before the first event: the window holds the copy.
-        # An even row width keeps dst_t 16-byte aligned: no new kernel specialization mid-compaction.
+        req, pos, src_a, dst_a = self._req[keep], self._pos[keep], self._src[keep], self._dst[keep]
+        req, pos, src, dst = req.tolist(), pos.tolist(), src_a.tolist(), dst_a.tolist()
+        res_a = dst_a[self._reserved_mask[dst_a]]
+        res = res_a.tolist()
         n = len(src)
-        host = np.zeros((2, n + n % 2), dtype=np.int64)
-        host[0, :n], host[1, :n] = src, dst
-        indices = torch.from_numpy(host).to(pool.kv.device, non_blocking=True)
-        src_t, dst_t = indices[0, :n], indices[1, :n]
-        overlap = not set(src).isdisjoint(dst)
+        overlap = bool(np.isin(dst_a, src_a).any())
         triton_copy = self.copy == "triton"
+        graph_copy = self.mover is not None and not overlap and n <= self.mover.capacity
+        # Everything the copy needs is ready before the first event: the window holds the copy.
+        if graph_copy:
+            self.mover.load(src_a, dst_a)
+        else:  # an even row width keeps dst_t 16-byte aligned: no new kernel specialization mid-compaction
+            host = np.zeros((2, n + n % 2), dtype=np.int64)
+            host[0, :n], host[1, :n] = src_a, dst_a
+            indices = torch.from_numpy(host).to(pool.kv.device, non_blocking=True)
+            src_t, dst_t = indices[0, :n], indices[1, :n]
         timed = self._events is not None
         if timed:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         gathered = None
-        scratch = pool.kv.new_empty(pool.kv.shape[0], len(src), pool.kv.shape[2]) if overlap and triton_copy else None
+        scratch = pool.kv.new_empty(pool.kv.shape[0], n, pool.kv.shape[2]) if overlap and triton_copy else None
         stage = 0
         try:
             if timed:
                 start.record()
                 launch_t0 = time.perf_counter()
-            if not triton_copy:  # every source read first, into [layers, n, D]
+            if graph_copy:
+                self.mover.replay()
+            elif not triton_copy:  # every source read first, into [layers, n, D]
                 gathered = pool.kv.index_select(1, src_t)
                 pool.kv.index_copy_(1, dst_t, gathered)
             elif overlap:
@@ -311,13 +368,13 @@ class Compaction:
                 end.record()
                 self._events.append((start, end))
             self._fault("copy")
-            table.rename_at(req, pos, src, dst)
+            table.rename_at(req, pos, src, dst, checked=True)
             stage = 1
             self._fault("table")
-            alloc.free(res)
+            alloc.free(res, checked=True)
             stage = 2
             self._fault("allocator")
-            alloc.relocate(src, dst)
+            alloc.relocate(src, dst, checked=True)
             stage = 3
         except BaseException:
             if stage >= 2:
@@ -328,10 +385,8 @@ class Compaction:
                 pool.kv.index_copy_(1, src_t, gathered)  # sources a destination overwrote
             raise
         self.reserved.difference_update(res)
-        self._reserved_mask[res] = False
-        end_k = keep[-1]
-        vacated = np.asarray(src, dtype=np.int64)
-        vacated = vacated[(self._last_write[vacated] > end_k) & alloc.free_mask_of(vacated)]
+        self._reserved_mask[res_a] = False
+        vacated = src_a[(self._last_write[src_a] > keep[-1]) & alloc.free_mask_of(src_a)]
         later = np.unique(vacated).tolist()
         if later:  # vacated now, written by a later move: keep the engine off it
             alloc.reserve(later)

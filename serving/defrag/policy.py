@@ -13,9 +13,11 @@ Decisions:
   ``backoff_checks`` steps, so a pool that cannot improve is not re-planned every step.
 - A per-step budget bounds one step's added latency: at most ``budget_bytes`` (rows x every
   layer, read once and written once) and ``max_moves`` moves (the host bookkeeping is Python,
-  a fraction of a microsecond per move), at least one move. A compaction larger than that runs
+  about 2 microseconds per move, vectorized where it can be), at least one move. A compaction larger than that runs
   over the following steps; its destinations are reserved meanwhile, and it starts only when
   that reservation leaves at least ``1 - max_reserved_fraction`` of the free slots to the engine.
+- A piece's copy is a replay of one captured launch (``RowMover``, sized for ``max_moves``): a
+  Triton launch costs tens of microseconds of host time, during which the GPU waits.
 - Only between steps: the engine calls it after ``step`` returned (nothing in flight, no graph
   being replayed). A captured step rebuilds ``kv_indices`` from the slot table on the device
   every replay, and the attention plan is made per step from host lengths, so nothing captured
@@ -32,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from serving.defrag.executor import Compaction, warm_up_copy
+from serving.defrag.executor import Compaction, RowMover, warm_up_copy
 from serving.defrag.measure import RunTracker, measure_pool
 from serving.defrag.planner import MovePlan, plan_compaction
 from serving.engine.kv_pool import KVPool
@@ -104,8 +106,11 @@ class Defragmenter:
         self._moving: set[int] = set()  # requests of the active plan (their runs are stale)
         self._wait = 0  # checks to skip before planning again
         self.row_bytes = pool.kv.shape[0] * pool.kv.shape[2] * pool.kv.element_size()
+        self.mover: RowMover | None = None
         if enabled and copy in ("auto", "triton"):
             warm_up_copy(pool.kv)  # the first compaction, mid-serving, must not pay a compile
+            if pool.kv.is_cuda:  # a piece's copy as one graph replay, not a Triton launch
+                self.mover = RowMover(pool.kv, self.max_moves)
 
     def __call__(self, engine=None) -> None:
         self.between_steps()
@@ -163,7 +168,7 @@ class Defragmenter:
         if reserve > self.policy.max_reserved_fraction * alloc.num_free:
             self.stats.skipped += 1
             return None
-        self.active = Compaction(self.pool, plan, copy=self.copy)
+        self.active = Compaction(self.pool, plan, copy=self.copy, mover=self.mover)
         self._moving = set(plan.targets) | {int(r) for r in set(plan.req.tolist())}
         self.stats.compactions += 1
         return self.active

@@ -23,6 +23,8 @@ Decisions:
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 import torch
 
@@ -142,9 +144,11 @@ class SlotAllocator:
                 raise ValueError(f"Expected allocated slots, got double free of slot {s}")
             seen.add(s)
 
-    def free(self, slots: list[int]) -> None:
-        """Return allocated slots; raises ValueError (freeing nothing) on a double free or a foreign slot."""
-        self._check_owned(slots)
+    def free(self, slots: list[int], checked: bool = False) -> None:
+        """Return allocated slots; raises ValueError (freeing nothing) on a double free or a foreign slot.
+        checked: the caller has just established that (a defragmenter's piece), so it is not checked again."""
+        if not checked:
+            self._check_owned(slots)
         if slots:
             self._flags()[np.asarray(slots, dtype=np.int64)] = 1
         self._free.extend(slots)
@@ -172,12 +176,15 @@ class SlotAllocator:
         d = self._distinct_slots(dst)
         return d is not None and bool(((self._flags()[d] != 0) | np.isin(d, np.asarray(src))).all())
 
-    def relocate(self, src: list[int], dst: list[int]) -> None:
+    def relocate(self, src: list[int], dst: list[int], checked: bool = False) -> None:
         """After rows moved from allocated ``src`` to ``dst`` (pairwise), mark ``dst``
         allocated and the vacated sources free (a slot may be both: a chain of moves).
-        Validated first (``check_relocate``): a bad call changes nothing."""
-        self.check_relocate(src, dst)
-        freed, taken = set(src) - set(dst), set(dst) - set(src)
+        Validated first (``check_relocate``; not when the caller has just ``checked``): a bad
+        call changes nothing."""
+        if not checked:
+            self.check_relocate(src, dst)
+        src_set, dst_set = set(src), set(dst)
+        freed, taken = src_set - dst_set, dst_set - src_set
         flags = self._flags()
         flags[list(freed)] = 1
         flags[list(taken)] = 0  # their stack entries go stale; alloc skips them
@@ -305,25 +312,32 @@ class SlotTable:
             slots, p = self._slots.get(r), pos[at]
             if slots is None or p.min() < 0 or p.max() >= len(slots) or len(np.unique(p)) != len(p):
                 return False
-            if not np.array_equal(np.asarray(slots)[p] if len(p) > len(slots) // 8 else
-                                  np.fromiter((slots[i] for i in p.tolist()), np.int64, len(p)), want[at]):
+            held = itemgetter(*p.tolist())(slots) if len(p) > 1 else (slots[int(p[0])],)
+            if not np.array_equal(np.asarray(held), want[at]):
                 return False
         return True
 
-    def rename_at(self, req_ids: list[int], positions: list[int], src: list[int], dst: list[int]) -> None:
+    def rename_at(self, req_ids: list[int], positions: list[int], src: list[int], dst: list[int],
+                  checked: bool = False) -> None:
         """Set position ``positions[i]`` of request ``req_ids[i]`` (holding ``src[i]``) to slot
         ``dst[i]``, on the device (one indexed write) and in the host lists. Validated first
-        (``check_rename_at``): a bad call changes nothing. O(slots renamed)."""
-        self.check_rename_at(req_ids, positions, src)
+        (``check_rename_at``; not when the caller has just ``checked``): a bad call changes
+        nothing. O(slots renamed)."""
+        if not checked:
+            self.check_rename_at(req_ids, positions, src)
         if len(dst) != len(src):
             raise ValueError(f"Expected as many destinations as sources, got {len(dst)} and {len(src)}")
         if not dst:
             return
-        rows = torch.tensor([self._row[r] for r in req_ids], dtype=torch.long)
-        cols = torch.tensor(positions, dtype=torch.long)
-        self.rows.index_put_((rows.to(self.device), cols.to(self.device)), torch.tensor(dst, dtype=torch.int32).to(self.device))
+        flat = np.empty((2, len(dst)), dtype=np.int64)  # flat index into rows, then the new slot
+        row_of = self._row
+        flat[0] = np.fromiter((row_of[r] for r in req_ids), np.int64, len(req_ids)) * self.max_context + positions
+        flat[1] = dst
+        both = torch.from_numpy(flat).to(self.device, non_blocking=True)
+        self.rows.view(-1).index_copy_(0, both[0], both[1].to(torch.int32))
+        slots_of = self._slots
         for r, p, d in zip(req_ids, positions, dst):
-            self._slots[r][p] = d
+            slots_of[r][p] = d
 
     def live_slots(self) -> int:
         return sum(len(s) for s in self._slots.values())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving.defrag.executor import Compaction, copy_rows_direct, gather_rows, scatter_rows
+from serving.defrag.executor import Compaction, _copy_rows, copy_rows_direct, gather_rows, scatter_rows
 from serving.defrag.planner import MovePlan, plan_compaction, split_waves
 from serving.engine.kv_pool import KVPool
 from tests.defrag.pools import churn_pool, same_state, snapshot
@@ -185,6 +185,18 @@ def test_triton_row_copy_moves_bytes_exactly(dtype, dim):
     copy_rows_direct(kv, src, dst)
     expect[:, dst] = expect[:, src]
     assert torch.equal(kv.view(torch.uint8), expect.view(torch.uint8))
+
+
+def test_the_row_copy_reads_its_count_from_the_device():
+    """The captured copy's form (``RowMover``): the grid covers 8 rows, the count in memory says 3;
+    rows past it stay as they were."""
+    kv = torch.randn(2, 20, 576, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    expect = kv.clone()
+    src = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8], dtype=torch.int64)
+    dst = torch.tensor([11, 12, 13, 14, 15, 16, 17, 18], dtype=torch.int64)
+    _copy_rows(kv, kv, src, dst, 8, torch.tensor([3], dtype=torch.int64))
+    expect[:, dst[:3]] = expect[:, src[:3]]
+    assert torch.equal(kv.view(torch.int16), expect.view(torch.int16))
 
 
 def test_a_compaction_through_the_triton_copy():

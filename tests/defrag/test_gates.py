@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,6 +151,36 @@ def test_compaction_on_a_cuda_pool_with_events():
     for r in t.requests():
         assert torch.equal(pool.kv[:, t.slots(r)], rows[r])
         assert t.device_slots(r).tolist() == t.slots(r)
+
+
+@gpu
+@needs_cuda
+def test_compaction_through_a_row_mover_graph():
+    """Pieces that fit the mover go through its graph replay (count and indices uploaded per
+    piece), the others through launches; every request's rows and slots end where they should."""
+    from serving.defrag.executor import RowMover
+    from tests.defrag.pools import churn_pool
+
+    pool = churn_pool(3000, 2000, 4, layers=3, row_dim=576, dtype=torch.bfloat16)
+    pool.kv = pool.kv.cuda()
+    pool.table.rows, pool.table.device = pool.table.rows.cuda(), pool.kv.device
+    rows = {r: pool.kv[:, pool.table.slots(r)].clone() for r in pool.table.requests()}
+    t = pool.table
+    mover = RowMover(pool.kv, 40)
+    assert mover.capacity == 48
+    with pytest.raises(ValueError, match="at most 48"):
+        mover.load(np.arange(1, 50), np.arange(100, 149))
+    plan = plan_compaction({r: t.slots(r) for r in t.requests()}, pool.allocator.free_slots(), pool.num_slots)
+    c = Compaction(pool, plan, mover=mover, events=True)
+    for moves in (48, 7, 60, 1, 48):  # fits, small, too big for the mover, one, fits again
+        c.step(moves)
+    c.run(40)
+    assert c.device_seconds() > 0 and pool.leaked_slots() == 0 and c.stats.applied == plan.num_moves
+    for r in t.requests():
+        assert torch.equal(pool.kv[:, t.slots(r)], rows[r])
+        assert t.device_slots(r).tolist() == t.slots(r)
+    with pytest.raises(ValueError, match="this pool"):
+        Compaction(pool, plan, mover=RowMover(pool.kv.clone(), 16))
 
 
 @gpu
