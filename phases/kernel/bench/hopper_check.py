@@ -13,7 +13,7 @@ path, recorded as ``path``), with the bench's timing harness (``timing.graph_rep
 replay) and fractions of the same-run ceilings (``roofline``). A table is printed last. Each
 stage runs in its own process with a timeout (total $BUDGET_S), so a hang is reported, not
 fatal. With $CEILINGS_ONLY set the Triton path and the wrapper are not timed (the ceilings still
-are): an A/B of variants within one device call. Per-stage JSON goes to $OUT. Results and method: phases/kernel/NOTES.md, "Hopper path".
+are): an A/B of variants within one device call; $BATCHES_ONLY keeps only the batched shapes. Per-stage JSON goes to $OUT. Results and method: phases/kernel/NOTES.md, "Hopper path".
 """
 
 from __future__ import annotations
@@ -144,10 +144,14 @@ def bench(fn, flush):
     return event_us(run, flush, reps=TIMING_REPS, warmup=3)
 
 
-SHAPES = [([t], [l], h, t > 1) for (h, t) in [(16, 1), (128, 1), (16, 8), (128, 8)] for l in (16384, 65536, 131072)] + [
+BATCH_SHAPES = [
     ([1] * 64, [4096] * 64, 16, False), ([1] * 16, [16384] * 16, 128, False),
+    ([1] * 16, [4096] * 16, 128, False), ([1] * 64, [4096] * 64, 128, False), ([1] * 64, [16384] * 64, 128, False),
     ([8] * 8, [1024, 4096, 16384, 65536, 131072, 2048, 8192, 32768], 16, True),
 ]
+SHAPES = BATCH_SHAPES if os.environ.get("BATCHES_ONLY") else [
+    ([t], [l], h, t > 1) for (h, t) in [(16, 1), (128, 1), (16, 8), (128, 8)] for l in (16384, 65536, 131072)
+] + BATCH_SHAPES
 WRAPPER_STAGES = ("triton", "auto")  # MLAVerifyWrapper(backend=...): the Triton path, the dispatched path
 
 
