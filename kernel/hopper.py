@@ -196,14 +196,25 @@ def supported_inputs(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = 
     )
 
 
+def default_schedule(num_requests: int) -> str:
+    """How ``plan_work`` splits the keys of a batch of ``num_requests`` on this path: "balanced"
+    (the batch's work divided evenly over the SMs) for two or more, "uniform" for one (the same
+    pieces up to rounding). Measured on an H200 with the seesaw (phases/kernel/NOTES.md): B=64 H=128
+    4k 0.34 -> 0.74 of the roofline, 16k 0.61 -> 0.86 (the uniform chunk left a second wave of
+    one-tile slivers and a merge), B=16 H=128 16k 0.56 -> 0.62, the ragged batch 0.54 -> 0.52."""
+    return "balanced" if num_requests > 1 else "uniform"
+
+
 def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int,
-              variant: Variant | None = None, schedule: str = "uniform") -> MLAVerifyPlan:
+              variant: Variant | None = None, schedule: str | None = None) -> MLAVerifyPlan:
     """``kernel.plan.plan_work`` with the tile configuration of ``variant`` (None: ``choose_variant``).
 
     The work decomposition is the Triton path's: work items over (request, row block, key
     range), a combine kernel merging the splits of every row block that has more than one;
-    ``schedule`` as ``plan_work``'s ("uniform" or "balanced").
+    ``schedule`` as ``plan_work``'s ("uniform" or "balanced"; None: ``default_schedule``).
     """
+    if schedule is None:
+        schedule = default_schedule(len(qo_lens))
     if variant is None:
         variant = choose_variant(max(qo_lens, default=1) * num_heads)
     return plan_work(qo_lens, kv_lens, num_heads, HeadDims.of(HEAD_DIM, V_HEAD_DIM), tile_config(num_sms, variant),

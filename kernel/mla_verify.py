@@ -376,7 +376,7 @@ class MLAVerifyWrapper:
         dtype: torch.dtype = torch.bfloat16,
         kv_start=None,
         kv_contig=None,
-        schedule: str = "uniform",
+        schedule: str | None = None,
     ) -> MLAVerifyPlan:
         """Decide the work decomposition of a batch and copy it to the device.
 
@@ -385,6 +385,8 @@ class MLAVerifyWrapper:
         workspace's under ``use_cuda_graph``). schedule: "uniform" (one chunk length for every
         request) or "balanced" (the batch's work divided evenly over the SMs, a request split
         only where it is long; ``kernel.plan.plan_work``); both fit the same workspace bounds.
+        None: ``hopper.default_schedule`` on the Hopper path (balanced for two or more requests),
+        uniform on the Triton path.
         Allocates a workspace if the wrapper owns one and it is too small; raises ``ValueError``
         if a caller's workspace is too small.
         kv_start, kv_contig: host int [B], the contiguous fast path (``kernel.plan.with_contiguity``):
@@ -401,6 +403,8 @@ class MLAVerifyWrapper:
         path = self._choose_path(HeadDims.of(head_dim, v_head_dim), dtype, config)
         if path == "triton" and config is not None:
             config = triton_config_for(config)  # a graph workspace sized for the Hopper path, fp16 q
+        if schedule is None:
+            schedule = hopper.default_schedule(qo_indptr.numel() - 1) if path == "hopper" else "uniform"
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config,
                          hopper_tiles=path == "hopper", schedule=schedule)
         if kv_start is not None:
