@@ -108,13 +108,11 @@ def _softmax_tile(sc, m_i, l_i, start, kv_end, full_end, prefix_len, num_draft, 
     return p, m_new, l_i, alpha
 
 @gluon.jit
-def _work_item(Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
-               num_heads, stride_qn, stride_qh, q_main, q_tail,
-               BLOCK_M: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """The consumer's work item: its header (request, row block, key range, split count) and the
-    request's lengths; its Q block stored into ``q_main`` / ``q_tail`` (rows past the request's
-    packed rows are zero) and fenced for wgmma."""
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+def _item_header(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+                 num_heads):
+    """The program's work item (request, row block, key range, split count) and its request's
+    lengths, as scalars: (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft,
+    prefix_len, mask_offset, num_rows, kv_base)."""
     w = gl.program_id(0)
     b = gl.load(W_REQ + w)
     mblk = gl.load(W_MBLK + w)
@@ -124,10 +122,23 @@ def _work_item(Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START,
     nsplit = gl.load(W_NSPLIT + w)
     qo_start = gl.load(QO_INDPTR + b)
     num_draft = gl.load(QO_INDPTR + b + 1) - qo_start
-    kv_len = gl.load(KV_INDPTR + b + 1) - gl.load(KV_INDPTR + b)
-    prefix_len = kv_len - num_draft
+    kv_base = gl.load(KV_INDPTR + b)
+    kv_len = gl.load(KV_INDPTR + b + 1) - kv_base
     mask_offset = gl.load(MASK_OFFSETS + b)
-    num_rows = num_draft * num_heads
+    return (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, kv_len - num_draft, mask_offset,
+            num_draft * num_heads, kv_base)
+
+
+@gluon.jit
+def _work_item(Q, QO_INDPTR, KV_INDPTR, MASK_OFFSETS, W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT,
+               num_heads, stride_qn, stride_qh, q_main, q_tail,
+               BLOCK_M: gl.constexpr, D_MAIN: gl.constexpr, D_TAIL: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """The consumer's work item: its header (``_item_header``); its Q block stored into ``q_main`` /
+    ``q_tail`` (rows past the request's packed rows are zero) and fenced for wgmma."""
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+    (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows,
+     _) = _item_header(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
+                       num_heads)
 
     qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
     q_ok = qr < num_rows

@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernel.hopper_gluon import _tile_slots
+from kernel.hopper_gluon import _item_header, _tile_slots
 
 # mbarrier slots (one [NUM_BARRIERS, 1] allocation)
 FULL_A = gl.constexpr(0)  # + ring slot: half A (latent 0..255) landed (one arrival per WG0 thread)
@@ -69,26 +69,6 @@ L0_READY = gl.constexpr(9)  # WG0's softmax sums are in l0_s (epilogue)
 L1_READY = gl.constexpr(10)  # WG1's softmax sums are in l1_s
 NUM_BARRIERS = gl.constexpr(11)
 WG_THREADS = gl.constexpr(128)
-
-
-@gluon.jit
-def _item(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
-          num_heads):
-    """The program's work item header and its request's lengths (scalars)."""
-    w = gl.program_id(0)
-    b = gl.load(W_REQ + w)
-    mblk = gl.load(W_MBLK + w)
-    kv_start = gl.load(W_KV_START + w)
-    kv_end = gl.load(W_KV_END + w)
-    full_end = gl.load(W_FULL_END + w)
-    nsplit = gl.load(W_NSPLIT + w)
-    qo_start = gl.load(QO_INDPTR + b)
-    num_draft = gl.load(QO_INDPTR + b + 1) - qo_start
-    kv_base = gl.load(KV_INDPTR + b)
-    kv_len = gl.load(KV_INDPTR + b + 1) - kv_base
-    mask_offset = gl.load(MASK_OFFSETS + b)
-    return (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, kv_len - num_draft, mask_offset,
-            num_draft * num_heads, kv_base)
 
 
 @gluon.jit
@@ -135,7 +115,7 @@ def _mask_tile(sc, start, kv_end, prefix_len, words, s_layout: gl.constexpr, BLO
 
 
 @gluon.jit
-def _run(W_REQ, KV_START, KV_CONTIG):
+def _contiguous_run(W_REQ, KV_START, KV_CONTIG):
     """(keys in the request's contiguous run, its first slot): (0, 0) without the fast path."""
     contig = 0
     slot_base = 0
@@ -150,7 +130,7 @@ def _run(W_REQ, KV_START, KV_CONTIG):
 def _slots(KV_INDICES, kv_base, kv_start, kv_end, tile, contig, slot_base, g_layout: gl.constexpr,
            BLOCK_N: gl.constexpr, CONTIGUOUS: gl.constexpr):
     """Slot indices [BLOCK_N] of ``tile`` of the item (row layout of ``g_layout``) and which are real
-    keys; keys of the request's contiguous run (``CONTIGUOUS``: ``_run``) at ``slot_base + key``,
+    keys; keys of the request's contiguous run (``CONTIGUOUS``: ``_contiguous_run``) at ``slot_base + key``,
     without index loads."""
     keys = kv_start + tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
     ok = keys < kv_end
@@ -176,6 +156,20 @@ def _refill(KV, kmain, ktail, bars, buf, half: gl.constexpr, slot, ok, g_layout:
         async_copy.async_copy_global_to_shared(ktail.index(buf), row[:, None] + tail[None, :], mask=ok[:, None],
                                                eviction_policy="evict_first")
         async_copy.mbarrier_arrive(bars.index(FULL_B + buf), increment_count=False)
+
+
+@gluon.jit
+def _prime(KV, KV_INDICES, W_REQ, KV_START, KV_CONTIG, kmain, ktail, bars, kv_base, kv_start, kv_end,
+           half: gl.constexpr, g_layout: gl.constexpr, BLOCK_N: gl.constexpr, D_MAIN: gl.constexpr,
+           D_TAIL: gl.constexpr):
+    """A warpgroup's start: its ``half`` of the first two tiles into ring slots 0 and 1 (the other
+    warpgroup loads the other half); returns the request's contiguous run (``_contiguous_run``)."""
+    contig, slot_base = _contiguous_run(W_REQ, KV_START, KV_CONTIG)
+    for tile in gl.static_range(2):
+        slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, tile, contig, slot_base, g_layout, BLOCK_N,
+                          KV_CONTIG is not None)
+        _refill(KV, kmain, ktail, bars, tile, half, slot, ok, g_layout, D_MAIN, D_TAIL)
+    return contig, slot_base
 
 
 @gluon.jit
@@ -270,16 +264,11 @@ def _wg0(Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, K
     srow: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow: gl.constexpr = gl.SliceLayout(1, o_layout)
     (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows,
-     kv_base) = _item(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
-                      num_heads)
-    contig, slot_base = _run(W_REQ, KV_START, KV_CONTIG)
+     kv_base) = _item_header(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR,
+                             MASK_OFFSETS, num_heads)
     # Half A of the first two tiles (ring slots 0 and 1); WG1 loads their halves B.
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 0, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
-    _refill(KV, kmain, ktail, bars, 0, 0, slot, ok, g_layout, D_MAIN, D_TAIL)
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 1, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
-    _refill(KV, kmain, ktail, bars, 1, 0, slot, ok, g_layout, D_MAIN, D_TAIL)
+    contig, slot_base = _prime(KV, KV_INDICES, W_REQ, KV_START, KV_CONTIG, kmain, ktail, bars, kv_base, kv_start,
+                               kv_end, 0, g_layout, BLOCK_N, D_MAIN, D_TAIL)
 
     # Q: latent part into q_main, rope part staged in p1_smem (free until WG1's first P), 64 columns a pass.
     qr = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, g_layout))
@@ -306,10 +295,10 @@ def _wg0(Q, KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, K
     for j in range(gl.cdiv(n_tiles, 2)):
         phase = j & 1
         mine = j & 1  # ring slot of this pair's even tile; the odd tile is in the other
-        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
-        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
+        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, contig, slot_base,
+                                         g_layout, BLOCK_N, KV_CONTIG is not None)
+        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, contig, slot_base,
+                                         g_layout, BLOCK_N, KV_CONTIG is not None)
         sc = _scores(_q_view(q_main, j, num_heads), q_rope, kmain, ktail, bars, 1, 0, mine, phase, s_layout, BLOCK_M,
                      BLOCK_N, HALF)
         sc = sc * qk_scale
@@ -369,15 +358,11 @@ def _wg1(KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_I
     srow: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow: gl.constexpr = gl.SliceLayout(1, o_layout)
     (w, mblk, kv_start, kv_end, full_end, nsplit, qo_start, num_draft, prefix_len, mask_offset, num_rows,
-     kv_base) = _item(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR, MASK_OFFSETS,
-                      num_heads)
-    contig, slot_base = _run(W_REQ, KV_START, KV_CONTIG)
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 0, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
-    _refill(KV, kmain, ktail, bars, 0, 1, slot, ok, g_layout, D_MAIN, D_TAIL)
-    slot, ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 1, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
-    _refill(KV, kmain, ktail, bars, 1, 1, slot, ok, g_layout, D_MAIN, D_TAIL)
+     kv_base) = _item_header(W_REQ, W_MBLK, W_KV_START, W_KV_END, W_FULL_END, W_NSPLIT, QO_INDPTR, KV_INDPTR,
+                             MASK_OFFSETS, num_heads)
+    # Half B of the first two tiles (ring slots 0 and 1); WG0 loads their halves A.
+    contig, slot_base = _prime(KV, KV_INDICES, W_REQ, KV_START, KV_CONTIG, kmain, ktail, bars, kv_base, kv_start,
+                               kv_end, 1, g_layout, BLOCK_N, D_MAIN, D_TAIL)
     rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=srow)
     row_ok = rows < num_rows
     t_idx = rows // num_heads
@@ -392,10 +377,10 @@ def _wg1(KV, KV_INDICES, TREE_MASK, OUT, PARTIAL_O, PARTIAL_LSE, QO_INDPTR, KV_I
     for j in range(gl.cdiv(n_tiles, 2)):
         phase = j & 1
         mine = (j & 1) ^ 1  # ring slot of this pair's odd tile
-        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
-        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, contig, slot_base, g_layout,
-                          BLOCK_N, KV_CONTIG is not None)
+        next_even, next_even_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 2, contig, slot_base,
+                                         g_layout, BLOCK_N, KV_CONTIG is not None)
+        next_odd, next_odd_ok = _slots(KV_INDICES, kv_base, kv_start, kv_end, 2 * j + 3, contig, slot_base,
+                                         g_layout, BLOCK_N, KV_CONTIG is not None)
         sc = _scores(_q_view(q_main, j, num_heads), q_rope, kmain, ktail, bars, 0, 1, mine, phase, s_layout, BLOCK_M,
                      BLOCK_N, HALF)
         sc = sc * qk_scale

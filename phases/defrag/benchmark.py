@@ -173,6 +173,7 @@ def compaction_part(layers, pool_slots, requests, budget_bytes, dev, seed) -> di
         "compaction_host_us_per_move": c.stats.host_s / max(1, c.stats.applied) * 1e6,
         "compaction_moves": c.stats.applied,
         "compaction_pieces": c.stats.pieces,
+        "compaction_replayed_pieces": c.stats.replayed,
         "compaction_bytes": moved_bytes,
         "compaction_device_ms": device_s * 1e3,
         "compaction_piece_us_median": statistics.median(pieces_s) * 1e6 if pieces_s else 0.0,

@@ -181,11 +181,13 @@ class RowMover:
 
 @dataclass
 class ExecutorStats:
-    """Moves applied and dropped, pieces, bytes (read + written, every layer), host seconds."""
+    """Moves applied and dropped, pieces (those copied by a ``RowMover`` replay), bytes (read +
+    written, every layer), host seconds."""
 
     applied: int = 0
     dropped: int = 0
     pieces: int = 0
+    replayed: int = 0
     bytes: int = 0
     host_s: float = 0.0
     launch_s: float = 0.0  # host time inside the timed windows (with events): the launches
@@ -376,6 +378,7 @@ class Compaction:
             self._fault("allocator")
             alloc.relocate(src, dst, checked=True)
             stage = 3
+            self.stats.replayed += graph_copy
         except BaseException:
             if stage >= 2:
                 alloc.reserve(res)
