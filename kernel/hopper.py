@@ -197,12 +197,15 @@ def supported_inputs(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = 
 
 
 def default_schedule(num_requests: int) -> str:
-    """How ``plan_work`` splits the keys of a batch of ``num_requests`` on this path: "balanced"
-    (the batch's work divided evenly over the SMs) for two or more, "uniform" for one (the same
-    pieces up to rounding). Measured on an H200 with the seesaw (phases/kernel/NOTES.md): B=64 H=128
-    4k 0.34 -> 0.74 of the roofline, 16k 0.61 -> 0.86 (the uniform chunk left a second wave of
-    one-tile slivers and a merge), B=16 H=128 16k 0.56 -> 0.62, the ragged batch 0.54 -> 0.52."""
-    return "balanced" if num_requests > 1 else "uniform"
+    """How ``plan_work`` splits the keys of a batch of ``num_requests`` on this path: "waves" (the
+    uniform split or the shortest pieces that all run in one wave, whichever finishes first) for two
+    or more, "uniform" for one (its leftover slivers pack onto the spare SMs: it finishes first at
+    every B=1 shape the benchmark times, and costs a third of the host time). Measured on an H200
+    with the seesaw (phases/kernel/NOTES.md): against the uniform chunk, dividing a batch's work
+    evenly over the SMs took B=64 H=128 4k from 0.34 to 0.74 of the roofline and 16k from 0.61 to
+    0.86 (the uniform chunk left a second wave of one-tile slivers and a merge); "waves" also keeps
+    the ragged batch in one wave (130 programs, where round(L / share) pieces made 134)."""
+    return "waves" if num_requests > 1 else "uniform"
 
 
 def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: int,
@@ -211,7 +214,7 @@ def make_plan(qo_lens: list[int], kv_lens: list[int], num_heads: int, num_sms: i
 
     The work decomposition is the Triton path's: work items over (request, row block, key
     range), a combine kernel merging the splits of every row block that has more than one;
-    ``schedule`` as ``plan_work``'s ("uniform" or "balanced"; None: ``default_schedule``).
+    ``schedule`` as ``plan_work``'s ("uniform", "balanced" or "waves"; None: ``default_schedule``).
     """
     if schedule is None:
         schedule = default_schedule(len(qo_lens))

@@ -113,7 +113,7 @@ def make_plan(
 
     config None: the Triton path's default for the batch, or with ``hopper_tiles`` the tile
     configuration of the Hopper variant ``hopper.choose_variant`` picks. schedule: how the keys
-    are split over programs (``kernel.plan.plan_work``: "uniform" or "balanced")."""
+    are split over programs (``kernel.plan.plan_work``: "uniform", "balanced" or "waves")."""
     check_dims(head_dim, v_head_dim)
     qo, kv = host_lists(qo_indptr, kv_indptr)
     if qo[0] != 0:
@@ -383,10 +383,11 @@ class MLAVerifyWrapper:
         qo_indptr, kv_indptr: int32 [B+1], read on the host (one sync); they are not kept.
         dtype: q's dtype. config: tile configuration (None: the default for the batch, or the
         workspace's under ``use_cuda_graph``). schedule: "uniform" (one chunk length for every
-        request) or "balanced" (the batch's work divided evenly over the SMs, a request split
-        only where it is long; ``kernel.plan.plan_work``); both fit the same workspace bounds.
-        None: ``hopper.default_schedule`` on the Hopper path (balanced for two or more requests),
-        uniform on the Triton path.
+        request), "balanced" (the batch's work divided evenly over the SMs, a request split
+        only where it is long) or "waves" (whichever of the uniform split and the shortest pieces
+        that run in one wave finishes first; ``kernel.plan.plan_work``); all fit the same workspace
+        bounds. None: ``hopper.default_schedule`` on the Hopper path ("waves" for two or more
+        requests), uniform on the Triton path.
         Allocates a workspace if the wrapper owns one and it is too small; raises ``ValueError``
         if a caller's workspace is too small.
         kv_start, kv_contig: host int [B], the contiguous fast path (``kernel.plan.with_contiguity``):

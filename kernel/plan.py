@@ -16,6 +16,7 @@ items and workspace are bounded by ``max_work_items`` so a caller can preallocat
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -259,7 +260,116 @@ def max_work_items(batch: int, max_draft: int, num_heads: int, config: TileConfi
     return config.target_programs + max_row_blocks(batch, max_draft, num_heads, config)
 
 
-SCHEDULES = ("uniform", "balanced")
+SCHEDULES = ("uniform", "balanced", "waves")
+# A program's cost beyond its tiles (ramp to the first tile, epilogue), in tiles, when "waves"
+# compares plans: ~3-4 µs of the fixed cost measured per program on an H200, ~2 tiles of 64 keys.
+ITEM_OVERHEAD_TILES = 2
+
+
+def _uniform_chunk(tile_work: int, programs: int, config: TileConfig) -> int:
+    """One chunk length for every request: the work per program, at least ``min_chunk``, in whole tiles."""
+    chunk = max(config.min_chunk, -(-tile_work // programs))
+    return -(-chunk // config.block_n) * config.block_n
+
+
+def _max_splits(l: np.ndarray, config: TileConfig) -> np.ndarray:
+    """The most pieces request lengths ``l`` may be cut into: none shorter than ``min_chunk`` or a tile."""
+    return np.maximum(1, l // max(config.min_chunk, config.block_n))
+
+
+def _balanced_splits(l: np.ndarray, tile_work: int, programs: int, config: TileConfig) -> np.ndarray:
+    """round(L_b / share) pieces per request (share = the batch's work per program, in keys)."""
+    share = max(1.0, tile_work / programs)
+    nsplit = np.clip(np.rint(l / share).astype(np.int64), 1, None)
+    return np.minimum(nsplit, _max_splits(l, config))
+
+
+def _one_wave_splits(l: np.ndarray, tiles: np.ndarray, mblocks: np.ndarray, programs: int,
+                     config: TileConfig) -> np.ndarray | None:
+    """ceil(tiles_b / P) pieces per request for the smallest P (tiles) whose pieces all run at once:
+    sum_b mblocks_b * pieces_b <= programs. None when the row blocks alone outnumber the programs."""
+    cap = _max_splits(l, config)
+
+    def splits(p: int) -> np.ndarray:
+        return np.minimum(-(-tiles // p), cap)
+
+    rows = int(mblocks.sum())
+    if len(l) == 0 or rows > programs:
+        return None
+    work = int((mblocks * tiles).sum())
+    lo = max(1, -(-work // programs))  # items(p) >= work / p
+    # items(p) <= work / p + rows, so p >= work / (programs - rows) fits (and so does max(tiles)).
+    hi = max(lo, min(int(tiles.max()), -(-work // (programs - rows)) if programs > rows else int(tiles.max())))
+    while lo < hi:  # items(p) does not grow with p; items(hi) = sum(mblocks) fits
+        mid = (lo + hi) // 2
+        if int((mblocks * splits(mid)).sum()) <= programs:
+            hi = mid
+        else:
+            lo = mid + 1
+    return splits(lo)
+
+
+def _pieces(l: np.ndarray, tiles: np.ndarray, mblocks: np.ndarray, nsplit: np.ndarray, chunk: int | None,
+            bn: int) -> tuple[np.ndarray, ...]:
+    """Work items in launch order (request-major, then split, then M-block): (request, index within the
+    request, split, first key, end key). ``chunk``: every piece ``chunk`` keys but a request's last;
+    None: request b's ``nsplit_b`` pieces differ by at most one tile."""
+    works = nsplit * mblocks
+    first = _exclusive_sums(works)
+    req = np.repeat(np.arange(len(l), dtype=np.int64), works)
+    local = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][req]
+    split = local // mblocks[req]
+    length = l[req]
+    if chunk is not None:
+        start = split * chunk
+        end = np.minimum(length, start + chunk)
+    else:  # split s: tiles [s * tiles / n, (s + 1) * tiles / n)
+        n, tiles_r = nsplit[req], tiles[req]
+        start = split * tiles_r // n * bn
+        end = np.minimum(length, (split + 1) * tiles_r // n * bn)
+    return req, local, split, start, end
+
+
+def program_makespan(item_tiles, programs: int, overhead: float = ITEM_OVERHEAD_TILES) -> float:
+    """When the last of the work items (tiles each, in launch order) finishes, in tiles, if each of
+    ``programs`` SMs runs one at a time and takes the next item as it frees (the hardware's block
+    scheduler), each item costing ``overhead`` tiles more than its tiles."""
+    cost = (np.asarray(item_tiles, dtype=np.float64) + overhead).tolist()
+    if len(cost) <= programs:
+        return max(cost, default=0.0)
+    free = sorted(cost[:programs])  # a sorted list is a heap
+    for c in cost[programs:]:
+        heapq.heapreplace(free, free[0] + c)
+    return max(free)
+
+
+def _fastest_split(l: np.ndarray, tiles: np.ndarray, mblocks: np.ndarray, tile_work: int, programs: int,
+                   config: TileConfig) -> tuple[np.ndarray, int | None]:
+    """(nsplit, chunk) of the one-wave, balanced or uniform split, whichever ``program_makespan`` says
+    finishes first (then the fewer work items). Only splits whose lower bound (the longest piece, or
+    the work spread over every SM; pieces cover whole tiles, so the work is the same for all) can beat
+    the best so far are simulated."""
+    bn = config.block_n
+    chunk = _uniform_chunk(tile_work, programs, config)
+    one_wave = _one_wave_splits(l, tiles, mblocks, programs, config)
+    candidates = [] if one_wave is None else [(one_wave, None)]
+    candidates += [(_balanced_splits(l, tile_work, programs, config), None), (-(-l // chunk), chunk)]
+    work = int((mblocks * tiles).sum())
+    best, best_key = None, None
+    for nsplit, c in candidates:
+        items = int((mblocks * nsplit).sum())
+        longest = int(np.minimum(tiles, c // bn).max()) if c is not None else int((-(-tiles // nsplit)).max())
+        lower = max(longest + ITEM_OVERHEAD_TILES, (work + ITEM_OVERHEAD_TILES * items) / programs)
+        if best is not None and (lower, items) >= best_key:
+            continue
+        if items <= programs:
+            key = (float(longest + ITEM_OVERHEAD_TILES), items)
+        else:
+            _, _, _, start, end = _pieces(l, tiles, mblocks, nsplit, c, bn)
+            key = (program_makespan(-(-(end - start) // bn), programs), items)
+        if best is None or key < best_key:
+            best, best_key = (nsplit, c), key
+    return best
 
 
 def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: HeadDims, config: TileConfig,
@@ -274,7 +384,11 @@ def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: Head
     piece shorter than ``min_chunk`` or one tile), so a request is split only where it holds
     more than about 1.5 shares and no split is a leftover sliver (FlashMLA's
     ``get_mla_metadata`` divides the work the same way over persistent programs; here each piece
-    is its own program). Both keep ``max_work_items``' bound.
+    is its own program). ``schedule="waves"``: of the uniform split, the balanced one and the
+    shortest equal pieces that all run in one wave (sum_b mblocks_b * pieces_b <= target_programs),
+    the one whose last program finishes first when the SMs take the programs in launch order
+    (``program_makespan``): one program per SM, as the Hopper kernels' shared memory allows.
+    All keep ``max_work_items``' bound.
 
     Request b's work items are ``nsplit_b * mblocks_b`` consecutive entries, split-major: split s
     of M-block m is item ``first_b + s * mblocks_b + m``. Vectorized with numpy: the plan is on
@@ -292,34 +406,25 @@ def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: Head
     programs = max(1, config.target_programs)
     tiles = -(-l // bn)
     if schedule == "uniform":
-        chunk = max(config.min_chunk, -(-tile_work // programs))
-        chunk = -(-chunk // bn) * bn
+        chunk = _uniform_chunk(tile_work, programs, config)
         nsplit = -(-l // chunk)
+    elif schedule == "balanced":
+        nsplit, chunk = _balanced_splits(l, tile_work, programs, config), None
+    else:
+        nsplit, chunk = _fastest_split(l, tiles, mblocks, tile_work, programs, config)
+    if chunk is not None:
         plan.chunk = chunk
     else:
-        share = max(1.0, tile_work / programs)  # keys per program, per row block
-        nsplit = np.clip(np.rint(l / share).astype(np.int64), 1, None)
-        nsplit = np.minimum(nsplit, np.maximum(1, l // max(config.min_chunk, bn)))  # pieces of >= min_chunk
         plan.chunk = int((-(-tiles // nsplit)).max() * bn) if len(l) else 0
     plan.mask_offsets = _exclusive_sums(t * t)[:-1]
+    req, local, split, start, end = _pieces(l, tiles, mblocks, nsplit, chunk, bn)
     works = nsplit * mblocks
     first = _exclusive_sums(works)
     requests = np.arange(len(t), dtype=np.int64)
-    req = np.repeat(requests, works)
-    local = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][req]
     nm = mblocks[req]
-    split = local // nm
-    length = l[req]
-    if schedule == "uniform":
-        start = split * plan.chunk
-        end = np.minimum(length, start + plan.chunk)
-    else:  # split s: tiles [s * tiles / n, (s + 1) * tiles / n), so pieces differ by at most one tile
-        n, tiles_r = nsplit[req], tiles[req]
-        start = split * tiles_r // n * bn
-        end = np.minimum(length, (split + 1) * tiles_r // n * bn)
     plan.work_req, plan.work_mblk = req, local % nm
     plan.work_kv_start, plan.work_kv_end = start, end
-    plan.work_full_end = start + np.maximum(0, np.minimum(end, length - t[req]) - start) // bn * bn
+    plan.work_full_end = start + np.maximum(0, np.minimum(end, l[req] - t[req]) - start) // bn * bn
     plan.work_nsplit = nsplit[req]
     mb_req = np.repeat(requests, mblocks)
     mb_mblk = np.arange(int(mblocks.sum()), dtype=np.int64) - _exclusive_sums(mblocks)[:-1][mb_req]

@@ -193,7 +193,7 @@ VARIANT_PARAMS = [pytest.param(None, id="chosen"), pytest.param(hopper.DEFAULT_V
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-def test_the_wrapper_plans_batches_with_the_balanced_schedule():
+def test_the_wrapper_plans_batches_with_the_waves_schedule():
     """A serving batch (B=64, H=128, 4k) on the Hopper path: one program per 64-row block, no merge
     (the uniform chunk makes twice the programs, half of them one-tile slivers)."""
     from kernel import MLAVerifyWrapper
@@ -202,10 +202,10 @@ def test_the_wrapper_plans_batches_with_the_balanced_schedule():
     qo = torch.arange(0, 65, dtype=torch.int32)
     kv = torch.arange(0, 65 * 4096, 4096, dtype=torch.int32)
     plan = MLAVerifyWrapper("cuda").plan(qo, kv, 128)
-    balanced = hopper.make_plan([1] * 64, [4096] * 64, 128, sms, schedule="balanced")
+    waves = hopper.make_plan([1] * 64, [4096] * 64, 128, sms, schedule="waves")
     uniform = hopper.make_plan([1] * 64, [4096] * 64, 128, sms, schedule="uniform")
-    assert hopper.default_schedule(64) == "balanced" and hopper.default_schedule(1) == "uniform"
-    assert plan.num_work == balanced.num_work == 128 < uniform.num_work
+    assert hopper.default_schedule(64) == "waves" and hopper.default_schedule(1) == "uniform"
+    assert plan.num_work == waves.num_work == 128 < uniform.num_work
     assert not plan.needs_combine
 
 

@@ -104,11 +104,13 @@ def test_many_splits_and_row_blocks():
 
 
 @settings(max_examples=12, deadline=None)
-@example(requests=[(2, 148), (1, 29), (4, 86)], num_heads=3, tree=True, seed=1)  # 3 + 1 + 2 pieces, a combine
+@example(requests=[(2, 148), (1, 29), (4, 86)], num_heads=3, tree=True, seed=1, schedule="balanced")  # 3 + 1 + 2 pieces
+@example(requests=[(2, 148), (1, 29), (4, 86)], num_heads=3, tree=True, seed=1, schedule="waves")
 @given(requests=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 150)), min_size=1, max_size=5),
-       num_heads=st.integers(1, 3), tree=st.booleans(), seed=st.integers(0, 2**16))
-def test_balanced_schedule_gives_the_reference_answer(requests, num_heads, tree, seed):
-    """Ragged batches planned with the balanced schedule (pieces of unequal requests, splits on tile
+       num_heads=st.integers(1, 3), tree=st.booleans(), seed=st.integers(0, 2**16),
+       schedule=st.sampled_from(["balanced", "waves"]))
+def test_balanced_schedules_give_the_reference_answer(requests, num_heads, tree, seed, schedule):
+    """Ragged batches planned with the balanced or the waves schedule (pieces of unequal requests, splits on tile
     boundaries, several row blocks) through the Triton path: within 1e-2 of float64, every element
     written. A key missed or counted twice moves a request by far more than 1e-2. The "2x the bf16
     reference's error" rule is left out: with one head and one draft (32 outputs) it fails for the
@@ -118,7 +120,7 @@ def test_balanced_schedule_gives_the_reference_answer(requests, num_heads, tree,
     drafts = [t for t, _ in requests]
     inp = make_inputs(drafts, [t + extra for t, extra in requests], num_heads, 64, torch.bfloat16, tree=tree,
                       scattered=True, seed=seed)
-    run_and_check(inp, 64, 32, config=cfg, schedule="balanced", ratio=False)
+    run_and_check(inp, 64, 32, config=cfg, schedule=schedule, ratio=False)
 
 
 def test_kv_cache_with_page_dim_and_deterministic():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernel.plan import SCHEDULES, HeadDims, PlanLayout, TileConfig, max_work_items, plan_work
+from kernel.plan import SCHEDULES, HeadDims, PlanLayout, TileConfig, max_work_items, plan_work, program_makespan
 
 CONFIGS = [
     TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=3, target_programs=132),
@@ -156,3 +156,46 @@ def test_balanced_schedule_fills_the_sms_with_a_serving_batch_in_one_wave():
     assert balanced.num_work == 128 and set((balanced.work_kv_end - balanced.work_kv_start).tolist()) == {4096}
     with pytest.raises(ValueError, match="schedule"):
         plan_work([1], [10], 16, HeadDims.of(576, 512), config, schedule="persistent")
+
+
+def test_program_makespan_follows_the_block_scheduler():
+    """Items go to the SM that frees first, in launch order: [3, 1, 1, 1] on 2 SMs ends at 3 (the short
+    ones share one SM); [1, 3, 3] ends at 4 (the third waits for the first)."""
+    assert program_makespan([3, 1, 1, 1], 2, overhead=0) == 3
+    assert program_makespan([1, 3, 3], 2, overhead=0) == 4
+    assert program_makespan([1, 3, 3], 2, overhead=1) == 6
+    assert program_makespan([5, 2], 4, overhead=0) == 5
+
+
+def _makespan(plan, config):
+    return program_makespan(-(-(plan.work_kv_end - plan.work_kv_start) // config.block_n), config.target_programs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(batches(), serving_batches()))
+def test_waves_schedule_finishes_no_later_than_uniform_or_balanced(batch):
+    """The waves plan's last program ends no later than the uniform or the balanced plan's, and when the
+    row blocks fit the SMs with pieces of P tiles, no plan of equal pieces one tile shorter fits them."""
+    drafts, lengths, heads, config = batch
+    plans = {s: plan_work(drafts, lengths, heads, HeadDims.of(576, 512), config, schedule=s) for s in SCHEDULES}
+    waves = _makespan(plans["waves"], config)
+    assert waves <= _makespan(plans["uniform"], config) and waves <= _makespan(plans["balanced"], config)
+    mblocks = np.array([-(-t * heads // config.block_m) for t in drafts])
+    tiles = -(-np.array(lengths) // config.block_n)
+    if plans["waves"].num_work <= config.target_programs and plans["waves"].chunk != plans["uniform"].chunk:
+        p = plans["waves"].chunk // config.block_n
+        cap = np.maximum(1, np.array(lengths) // max(config.min_chunk, config.block_n))
+        shorter = int((mblocks * np.minimum(-(-tiles // max(1, p - 1)), cap)).sum())
+        assert p == 1 or shorter > config.target_programs or (np.minimum(-(-tiles // (p - 1)), cap) < -(-tiles // (p - 1))).any()
+
+
+def test_waves_schedule_keeps_the_ragged_batch_in_one_wave():
+    """The benchmark's ragged batch (B=8, T=8, H=16: two 64-row blocks per request, 1k..128k keys) on 132
+    SMs: round(L / share) pieces make 134 programs, the last four waiting for a free SM (their request's
+    pieces end 83 tiles in); waves cuts 32-, 16-, ... tile pieces into 130 programs, done at 67."""
+    config = CONFIGS[1]
+    lengths = [1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072]
+    balanced = plan_work([8] * 8, lengths, 16, HeadDims.of(576, 512), config, schedule="balanced")
+    waves = plan_work([8] * 8, lengths, 16, HeadDims.of(576, 512), config, schedule="waves")
+    assert balanced.num_work == 134 and _makespan(balanced, config) == 83
+    assert waves.num_work == 130 and _makespan(waves, config) == 67 and waves.chunk == 65 * 64

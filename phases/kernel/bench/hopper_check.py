@@ -4,7 +4,7 @@ variant, then timings of every variant, the Triton path and the dispatched wrapp
     OUT=dir python -m phases.kernel.bench.hopper_check
 
 Every variant in ``kernel.hopper.VARIANTS`` (or those of VARIANTS and CANDIDATES that $VARIANTS
-names, comma-separated; ``NAME@balanced`` plans that variant with the balanced schedule) is checked on seeded
+names, comma-separated; ``NAME@SCHEDULE``, e.g. ``BN64_S2@balanced``, plans that variant with that schedule of ``kernel.plan.plan_work``) is checked on seeded
 inputs from ``phases.kernel.bench.cases`` (NaN-poisoned, guarded ``out``; float64 reference; a
 second call must be bitwise equal); then the variants that passed are timed next to
 ``MLAVerifyWrapper(backend="triton")`` and the default ``MLAVerifyWrapper()`` (the dispatched
@@ -55,7 +55,8 @@ def all_variants():
 
 def variants():
     """The variant names $VARIANTS lists (default: the ones the path uses). A name may end in
-    ``@balanced``: that variant over plans of the balanced schedule (``kernel.plan.plan_work``)."""
+    ``@SCHEDULE`` ("balanced", "waves"): that variant over plans of that schedule (``kernel.plan.plan_work``;
+    default "uniform")."""
     from kernel import hopper
 
     names = os.environ.get("VARIANTS")
