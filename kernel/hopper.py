@@ -68,15 +68,19 @@ PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 CONSUMER_WARPS = 8
 SEESAW_CONSUMER_REGS = 256  # the seesaw kernel's second warpgroup (a worker partition; no producer partition)
-# Combine shapes (splits merged per load, output columns per program), both measured on an H200
-# (phases/kernel/NOTES.md): with many splits per row (B=1 memory-bound rows: ~128) the merge is
-# latency-bound, and taking every split in one load over 32 columns per program halves it
-# (15.4 -> 8.4 µs alone at 128 splits); with few splits and many row blocks (compute-bound and
-# batched rows) that shape launches 4x the programs for little work each and lost up to 2x, so
-# they keep 32 splits per load over 128 columns. CUDA-graph plans keep the latter (any nsplit).
+# Combine shapes (splits merged per load, output columns per program), measured on an H200
+# (phases/kernel/NOTES.md, "The combine's shape"): the merge is latency-bound, so each plan takes the
+# shape that launches about COMBINE_PROGRAMS programs (one per packed row and column block): a row
+# block's rows x 512 / columns. Few rows have many splits (B=1 memory-bound rows: ~128 over 16-64
+# rows) and take every split in one load over 32 columns; many rows have few (at most ~132 / row
+# blocks: 1024 rows, 9 splits) and take whole 512-column rows, 8 splits a load. Alone, at 2048 rows
+# of 4 splits (B=16 H=128): 35.3 -> 10.9 µs against (32, 128); (128, 8) 64k: 24.6 -> 12.2.
+# CUDA-graph plans keep (32, 128): the captured grid is fixed, and the real plan's rows and splits
+# are not known at capture.
 COMBINE_WIDE = (256, 32)
 COMBINE_NARROW = (32, 128)
-COMBINE_WIDE_MIN_SPLITS = 65  # a plan whose largest split count exceeds 64 takes the wide shape
+COMBINE_SHAPES = (COMBINE_WIDE, (64, 64), COMBINE_NARROW, (16, 256), (8, 512))  # by columns, ascending
+COMBINE_PROGRAMS = 1024
 MIN_CHUNK = 128  # keys per split at least: two 64-key tiles, so a 16k context fills 128 SMs, not 64
 
 
@@ -240,11 +244,14 @@ def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK
 
 
 def combine_shape(plan: MLAVerifyPlan, fixed_grid: bool = False) -> tuple[int, int]:
-    """(splits merged per load, output columns per program) of the combine for ``plan``: the wide
-    shape when some row has more than 64 splits (and the grid is not a CUDA graph's), else narrow."""
-    if not fixed_grid and plan.max_nsplit >= COMBINE_WIDE_MIN_SPLITS:
-        return COMBINE_WIDE
-    return COMBINE_NARROW
+    """(splits merged per load, output columns per program) of the combine for ``plan``: of
+    ``COMBINE_SHAPES``, the widest whose programs (packed rows x 512 / columns) are at least
+    ``COMBINE_PROGRAMS`` (the narrowest where none is); ``COMBINE_NARROW`` for a CUDA graph's grid."""
+    if fixed_grid:
+        return COMBINE_NARROW
+    rows = plan.num_row_blocks * plan.config.block_m
+    fits = [s for s in COMBINE_SHAPES if rows * (V_HEAD_DIM // s[1]) >= COMBINE_PROGRAMS]
+    return fits[-1] if fits else COMBINE_SHAPES[0]
 
 
 def _check_launch(plan, q, kv, kv_indices, out, partial_o, partial_lse, bm: int) -> None:

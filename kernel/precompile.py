@@ -149,7 +149,7 @@ def _drafts_per_variant(device, num_heads, max_draft, head_dim, v_head_dim, dtyp
         rows = t * num_heads
         key = hopper.choose_variant(rows) if hopper_path else default_tile_config(rows, dims, sms, interpreting())
         chosen.setdefault(key, t)
-    shapes = (hopper.COMBINE_WIDE, hopper.COMBINE_NARROW) if hopper_path else None
+    shapes = hopper.COMBINE_SHAPES if hopper_path else None
     return [(t, shapes) for t in chosen.values()]
 
 

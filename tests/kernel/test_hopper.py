@@ -300,21 +300,25 @@ def test_auto_dispatches_hopper_and_falls_back_for_int64_indices():
     assert fp16.path == "triton"
 
 
-def test_combine_shape_is_wide_only_for_many_splits_outside_graphs():
-    """Each combine shape where it measured faster (NOTES): B=1 rows with ~128 splits take every
-    split in one load; compute-bound and batched plans (few splits) and graph plans keep the narrow one."""
+def test_combine_shape_launches_about_a_thousand_programs_outside_graphs():
+    """Each plan takes the shape measured fastest for it (NOTES, "The combine's shape"): 16 or 64 rows
+    with ~128 splits take every split in one load over 32 columns; 128 rows of 64 splits (64, 64);
+    1024 or more rows of few splits whole rows, 8 splits a load; graph plans keep the narrow shape."""
     assert hopper.combine_shape(hopper.make_plan([1], [65536], 16, 132)) == hopper.COMBINE_WIDE
     assert hopper.combine_shape(hopper.make_plan([8], [65536], 8, 132)) == hopper.COMBINE_WIDE
-    assert hopper.combine_shape(hopper.make_plan([8], [65536], 16, 132)) == hopper.COMBINE_NARROW  # 2 blocks x 64 splits
-    assert hopper.combine_shape(hopper.make_plan([8], [65536], 128, 132)) == hopper.COMBINE_NARROW
-    assert hopper.combine_shape(hopper.make_plan([1] * 64, [4096] * 64, 128, 132)) == hopper.COMBINE_NARROW
+    assert hopper.combine_shape(hopper.make_plan([8], [65536], 16, 132)) == (64, 64)  # 2 blocks x 64 splits
+    assert hopper.combine_shape(hopper.make_plan([8], [65536], 32, 132)) == hopper.COMBINE_NARROW
+    assert hopper.combine_shape(hopper.make_plan([8], [65536], 128, 132)) == (8, 512)  # 16 blocks x 9 splits
+    assert hopper.combine_shape(hopper.make_plan([1] * 16, [4096] * 16, 128, 132)) == (8, 512)
     assert hopper.combine_shape(hopper.make_plan([1], [65536], 16, 132), fixed_grid=True) == hopper.COMBINE_NARROW
+    for shape in hopper.COMBINE_SHAPES:  # a load's [splits, columns] tile: at most 64 fp32 per thread of 4 warps
+        assert shape[0] * shape[1] <= 64 * 128 and hopper.V_HEAD_DIM % shape[1] == 0
 
 
 @pytest.mark.parametrize("draft,context,heads", [(1, 65536, 16), (8, 65536, 16), (1, 3000, 16)])
-def test_hopper_combine_merges_random_partials_in_both_shapes(draft, context, heads):
+def test_hopper_combine_merges_random_partials_in_every_shape(draft, context, heads):
     """The combine over a Hopper plan's partials (plain Triton: it runs in the CPU interpreter)
-    against a float64 merge of random partials, in both shapes ``combine_shape`` chooses from
+    against a float64 merge of random partials, in every shape ``combine_shape`` chooses from
     (wide for 128 splits of one row block, narrow for two row blocks of 64 splits)."""
     from kernel.triton_kernels import launch_combine
 
@@ -334,7 +338,7 @@ def test_hopper_combine_merges_random_partials_in_both_shapes(draft, context, he
         weight = torch.softmax(partial_lse[w].double() * math.log(2), dim=0)  # exp2 weights, normalized
         merged = (weight[:, :, None] * partial_o[w].double()).sum(0)
         want[rows[real]] = merged[real]
-    for shape in (hopper.COMBINE_WIDE, hopper.COMBINE_NARROW):
+    for shape in hopper.COMBINE_SHAPES:
         out = torch.full((draft, heads, 512), float("nan"), dtype=torch.bfloat16)
         launch_combine(out, partial_o.reshape(-1), partial_lse.reshape(-1), tensors, qo_indptr, heads,
                        plan.num_row_blocks, bm, 512, *shape)

@@ -50,7 +50,7 @@ def test_warmup_covers_every_hopper_variant_and_is_cheap_the_second_time(num_hea
     variants = {hopper.tile_config(132, hopper.choose_variant(t * num_heads)).describe() for t in range(1, max_draft + 1)}
     eager = [p for p in report.probes if p.mode == "eager"]
     assert {p.config for p in eager} == variants and all(p.path == "hopper" for p in report.probes)
-    assert all(set(p.combine) == {hopper.COMBINE_WIDE, hopper.COMBINE_NARROW} for p in eager)
+    assert all(set(p.combine) == set(hopper.COMBINE_SHAPES) for p in eager)
     assert {p.combine for p in report.probes if p.mode == "graph"} == {(hopper.COMBINE_NARROW,)}
     again = warmup("cuda", num_heads, max_draft)
     assert again.new_kernels == 0, again.summary()
