@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from serving.defrag.planner import MovePlan, split_waves
+from serving.graphs.capture import collected_before_capture
 from serving.engine.kv_pool import KVPool
 
 ROW_WORDS_PER_PROGRAM = 4096  # 32-bit words one program copies per layer (16 KB)
@@ -162,7 +163,7 @@ class RowMover:
         _copy_rows(*args)  # compiled (n = 0: every program returns) before the capture
         torch.cuda.synchronize(kv.device)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with collected_before_capture(), torch.cuda.graph(self.graph):
             _copy_rows(*args)
 
     def load(self, src: np.ndarray, dst: np.ndarray) -> None:

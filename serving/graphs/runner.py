@@ -14,6 +14,8 @@ Decisions:
 - All graphs share one memory pool and one ``kv_indices`` buffer (one graph runs at a time),
   captured largest first so smaller graphs reuse the pool's blocks.
 - Capture runs on the padding row and slot 0: nothing live is read or written.
+- No cycle collection during a capture (``serving.graphs.capture``): a dead engine's graph freed
+  by the collector mid-capture invalidates the capture.
 - Without CUDA (``capture_graphs=False``, the CPU tests) every piece but the capture runs:
   static buffers, bucket choice, padding and re-planning, with ``forward_step`` run eagerly
   over the static buffers where a replay would be.
@@ -29,6 +31,7 @@ import torch
 
 from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
 from serving.engine.model_runner import ModelRunner, StepResult, unpack_outputs
+from serving.graphs.capture import collected_before_capture
 from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, families_for, key_for, keys_for, placeholder_step
 
 
@@ -129,7 +132,7 @@ class CudaGraphRunner:
                 self.runner.forward_step(batch, shape)
         torch.cuda.current_stream(self.runner.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with collected_before_capture(), torch.cuda.graph(graph, pool=self._pool):
             outputs = self.runner.forward_step(batch, shape)
         return Captured(graph, layout, packed, device_buffer, batch, outputs)
 
