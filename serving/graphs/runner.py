@@ -99,6 +99,13 @@ class CudaGraphRunner:
         if cuda:
             torch.cuda.empty_cache()  # so the reserved memory grows by what capture takes, nothing else
         self._pool = torch.cuda.graph_pool_handle() if self.capture_graphs else None
+        with collected_before_capture():  # one collection for every key's capture
+            self._capture_all(report, backend, cuda)
+        report.seconds = time.perf_counter() - start
+        self._layouts = [(k, self.graphs[k].layout) for k in self.graphs]
+        return report
+
+    def _capture_all(self, report: CaptureReport, backend, cuda: bool) -> None:
         for key in self.keys:
             t0 = time.perf_counter()
             before = torch.cuda.memory_reserved(self.runner.device) if cuda else 0
@@ -111,9 +118,6 @@ class CudaGraphRunner:
                 "workspace_bytes": backend.graph_workspace_bytes().get(key, 0),
                 "static_bytes": self.graphs[key].device_buffer.numel() * 8,
             }
-        report.seconds = time.perf_counter() - start
-        self._layouts = [(k, self.graphs[k].layout) for k in self.graphs]
-        return report
 
     def _capture(self, key: GraphKey) -> Captured:
         layout = key.layout(*self._sizes)
@@ -132,7 +136,7 @@ class CudaGraphRunner:
                 self.runner.forward_step(batch, shape)
         torch.cuda.current_stream(self.runner.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with collected_before_capture(), torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool):  # inside capture()'s collected_before_capture
             outputs = self.runner.forward_step(batch, shape)
         return Captured(graph, layout, packed, device_buffer, batch, outputs)
 
