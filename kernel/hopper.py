@@ -201,9 +201,9 @@ def supported_inputs(q: torch.Tensor, kv_cache: torch.Tensor, v_head_dim: int = 
 
 
 def default_schedule(num_requests: int) -> str:
-    """How ``plan_work`` splits the keys of a batch of ``num_requests`` on this path: "waves" (the
-    uniform split or the shortest pieces that all run in one wave, whichever finishes first) for two
-    or more, "uniform" for one (its leftover slivers pack onto the spare SMs: it finishes first at
+    """How ``plan_work`` splits the keys of a batch of ``num_requests`` on this path: "waves" (of the
+    uniform split, the balanced one and the shortest pieces that all run in one wave, whichever
+    finishes first) for two or more, "uniform" for one (its leftover slivers pack onto the spare SMs: it finishes first at
     every B=1 shape the benchmark times, and costs a third of the host time). Measured on an H200
     with the seesaw (phases/kernel/NOTES.md): against the uniform chunk, dividing a batch's work
     evenly over the SMs took B=64 H=128 4k from 0.34 to 0.74 of the roofline and 16k from 0.61 to

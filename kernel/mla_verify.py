@@ -384,8 +384,8 @@ class MLAVerifyWrapper:
         dtype: q's dtype. config: tile configuration (None: the default for the batch, or the
         workspace's under ``use_cuda_graph``). schedule: "uniform" (one chunk length for every
         request), "balanced" (the batch's work divided evenly over the SMs, a request split
-        only where it is long) or "waves" (whichever of the uniform split and the shortest pieces
-        that run in one wave finishes first; ``kernel.plan.plan_work``); all fit the same workspace
+        only where it is long) or "waves" (whichever of those two and the shortest pieces that run
+        in one wave finishes first; ``kernel.plan.plan_work``); all fit the same workspace
         bounds. None: ``hopper.default_schedule`` on the Hopper path ("waves" for two or more
         requests), uniform on the Triton path.
         Allocates a workspace if the wrapper owns one and it is too small; raises ``ValueError``

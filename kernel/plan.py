@@ -298,9 +298,11 @@ def _one_wave_splits(l: np.ndarray, tiles: np.ndarray, mblocks: np.ndarray, prog
         return None
     work = int((mblocks * tiles).sum())
     lo = max(1, -(-work // programs))  # items(p) >= work / p
-    # items(p) <= work / p + rows, so p >= work / (programs - rows) fits (and so does max(tiles)).
-    hi = max(lo, min(int(tiles.max()), -(-work // (programs - rows)) if programs > rows else int(tiles.max())))
-    while lo < hi:  # items(p) does not grow with p; items(hi) = sum(mblocks) fits
+    hi = int(tiles.max())  # one piece per request: items = rows, which fits
+    if programs > rows:  # items(p) <= work / p + rows, so p >= work / (programs - rows) fits too
+        hi = min(hi, -(-work // (programs - rows)))
+    hi = max(lo, hi)
+    while lo < hi:  # items(p) does not grow with p, and items(hi) fits
         mid = (lo + hi) // 2
         if int((mblocks * splits(mid)).sum()) <= programs:
             hi = mid
@@ -312,8 +314,9 @@ def _one_wave_splits(l: np.ndarray, tiles: np.ndarray, mblocks: np.ndarray, prog
 def _pieces(l: np.ndarray, tiles: np.ndarray, mblocks: np.ndarray, nsplit: np.ndarray, chunk: int | None,
             bn: int) -> tuple[np.ndarray, ...]:
     """Work items in launch order (request-major, then split, then M-block): (request, index within the
-    request, split, first key, end key). ``chunk``: every piece ``chunk`` keys but a request's last;
-    None: request b's ``nsplit_b`` pieces differ by at most one tile."""
+    request, each request's first item (exclusive sums, B + 1), first key, end key). ``chunk``: every
+    piece ``chunk`` keys but a request's last; None: request b's ``nsplit_b`` pieces differ by at most
+    one tile."""
     works = nsplit * mblocks
     first = _exclusive_sums(works)
     req = np.repeat(np.arange(len(l), dtype=np.int64), works)
@@ -327,7 +330,7 @@ def _pieces(l: np.ndarray, tiles: np.ndarray, mblocks: np.ndarray, nsplit: np.nd
         n, tiles_r = nsplit[req], tiles[req]
         start = split * tiles_r // n * bn
         end = np.minimum(length, (split + 1) * tiles_r // n * bn)
-    return req, local, split, start, end
+    return req, local, first, start, end
 
 
 def program_makespan(item_tiles, programs: int, overhead: float = ITEM_OVERHEAD_TILES) -> float:
@@ -417,9 +420,7 @@ def plan_work(qo_lens: list[int], kv_lens: list[int], num_heads: int, dims: Head
     else:
         plan.chunk = int((-(-tiles // nsplit)).max() * bn) if len(l) else 0
     plan.mask_offsets = _exclusive_sums(t * t)[:-1]
-    req, local, split, start, end = _pieces(l, tiles, mblocks, nsplit, chunk, bn)
-    works = nsplit * mblocks
-    first = _exclusive_sums(works)
+    req, local, first, start, end = _pieces(l, tiles, mblocks, nsplit, chunk, bn)
     requests = np.arange(len(t), dtype=np.int64)
     nm = mblocks[req]
     plan.work_req, plan.work_mblk = req, local % nm

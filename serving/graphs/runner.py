@@ -31,8 +31,8 @@ import torch
 
 from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
 from serving.engine.model_runner import ModelRunner, StepResult, unpack_outputs
-from serving.graphs.capture import collected_before_capture
 from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, families_for, key_for, keys_for, placeholder_step
+from serving.graphs.capture import collected_before_capture
 
 
 @dataclass

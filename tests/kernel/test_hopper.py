@@ -318,8 +318,8 @@ def test_combine_shape_launches_about_a_thousand_programs_outside_graphs():
 @pytest.mark.parametrize("draft,context,heads", [(1, 65536, 16), (8, 65536, 16), (1, 3000, 16)])
 def test_hopper_combine_merges_random_partials_in_every_shape(draft, context, heads):
     """The combine over a Hopper plan's partials (plain Triton: it runs in the CPU interpreter)
-    against a float64 merge of random partials, in every shape ``combine_shape`` chooses from
-    (wide for 128 splits of one row block, narrow for two row blocks of 64 splits)."""
+    against a float64 merge of random partials, in every shape ``combine_shape`` chooses from, over
+    plans of 128 splits of one row block, two row blocks of 64 splits and 24 splits of 3000 keys."""
     from kernel.triton_kernels import launch_combine
 
     plan = hopper.make_plan([draft], [context], heads, 132)
