@@ -151,7 +151,7 @@ BATCH_SHAPES = [
     ([8] * 8, [1024, 4096, 16384, 65536, 131072, 2048, 8192, 32768], 16, True),
 ]
 SHAPES = BATCH_SHAPES if os.environ.get("BATCHES_ONLY") else [
-    ([t], [l], h, t > 1) for (h, t) in [(16, 1), (128, 1), (16, 8), (128, 8)] for l in (16384, 65536, 131072)
+    ([t], [l], h, t > 1) for (h, t) in [(16, 1), (8, 8), (128, 1), (16, 8), (128, 8)] for l in (16384, 65536, 131072)
 ] + BATCH_SHAPES
 WRAPPER_STAGES = ("triton", "auto")  # MLAVerifyWrapper(backend=...): the Triton path, the dispatched path
 
