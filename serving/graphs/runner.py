@@ -198,19 +198,24 @@ def enable_cuda_graphs(engine, batch_sizes=DEFAULT_BATCH_SIZES, capture_graphs: 
     families = families_for(engine.drafter, engine.model.num_layers)
     keys = keys_for(families, batch_sizes)
     graphs = CudaGraphRunner(runner, keys, capture_graphs)
-    report = graphs.capture()
-    runner.graphs = graphs
-    if capture_graphs:  # the eager variants too: a step no bucket holds must not compile either
+    warmup_error, warmup_s = None, 0.0
+    if capture_graphs:
+        # Every attention variant a step can dispatch, captured or eager (a step no bucket holds must
+        # not compile either), compiled before the captures and in parallel threads (kernel.warmup):
+        # the captures then find them compiled instead of compiling them one after another.
         from kernel import warmup
 
         widest = max(f.shape.width for f in families)
         t0 = time.perf_counter()
         try:
             warmup(runner.device, runner.backend.num_heads, widest, runner.pool.kv.shape[-1], runner.backend.kv_lora_rank,
-                   runner.pool.dtype, use_cuda_graph=False)
-        except (RuntimeError, ValueError) as exc:  # the captured steps are ready; an eager fallback would compile on first use
-            report.kernel_warmup_error = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"kernel warm-up of the eager variants failed: {report.kernel_warmup_error}", stacklevel=2)
-        report.kernel_warmup_s = time.perf_counter() - t0
-        report.seconds += report.kernel_warmup_s
+                   runner.pool.dtype, use_cuda_graph=None)
+        except (RuntimeError, ValueError) as exc:  # the captures compile what they launch; an eager fallback would on first use
+            warmup_error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"kernel warm-up failed: {warmup_error}", stacklevel=2)
+        warmup_s = time.perf_counter() - t0
+    report = graphs.capture()
+    runner.graphs = graphs
+    report.kernel_warmup_s, report.kernel_warmup_error = warmup_s, warmup_error
+    report.seconds += warmup_s
     return report

@@ -40,6 +40,31 @@ def test_warmup_modes_and_argument_checks():
         warmup("cpu", num_heads=16, max_draft=65)
     with pytest.raises(ValueError, match="kv_index_dtype"):
         warmup("cpu", num_heads=16, max_draft=1, kv_index_dtype=torch.int16)
+    with pytest.raises(ValueError, match="workers"):
+        warmup("cpu", num_heads=16, max_draft=1, workers=0)
+
+
+def test_warmup_on_a_cpu_runs_its_probes_in_one_thread(monkeypatch):
+    """The interpreter is not thread-safe: ``workers`` is ignored on a CPU device, and the probes
+    come back in the order they were listed."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-interpreter variant")
+    import threading
+
+    from kernel import precompile
+
+    seen = []
+    real = precompile._probe
+
+    def probe(*args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(precompile, "_probe", probe)
+    report = warmup("cpu", num_heads=1, max_draft=1, head_dim=64, v_head_dim=32, workers=4)
+    assert seen == [threading.current_thread().name] * 4
+    assert [(p.mask, p.mode) for p in report.probes] == [("tree", "eager"), ("causal", "eager"), ("tree", "graph"),
+                                                         ("causal", "graph")]
 
 
 @pytest.mark.gpu
@@ -55,3 +80,14 @@ def test_warmup_covers_every_hopper_variant_and_is_cheap_the_second_time(num_hea
     again = warmup("cuda", num_heads, max_draft)
     assert again.new_kernels == 0, again.summary()
     assert again.seconds < max(1.0, report.seconds)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 (Hopper) GPU with Gluon")
+def test_warmup_in_threads_runs_the_same_probes_as_one_thread():
+    """The threads change when each probe compiles, not what it runs: the same probes, in the same
+    order, with the same combine shapes, each output checked finite."""
+    serial = warmup("cuda", 16, 8, workers=1)
+    threaded = warmup("cuda", 16, 8, workers=4)
+    assert threaded.probes == serial.probes
+    assert threaded.new_kernels == 0, threaded.summary()
