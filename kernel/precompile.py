@@ -32,6 +32,7 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -143,10 +144,8 @@ def warmup(
     def probe(index: int) -> Probe:
         mode, draft, combines, causal = jobs[index]
         gen = torch.Generator(device="cpu").manual_seed(index)
-        if device.type != "cuda":
-            return _probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batch, max_draft,
-                          kv_index_dtype, causal, combines, gen)
-        with torch.cuda.device(device):  # the current device is per thread
+        on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with on_device:  # the current CUDA device is per thread
             return _probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batch, max_draft,
                           kv_index_dtype, causal, combines, gen)
 
