@@ -168,9 +168,11 @@ def _split_kernel(variant: Variant):
 
 def available(device: torch.device | str) -> bool:
     """Whether this path can run on ``device`` at all: Gluon importable, not Triton's CPU
-    interpreter (Gluon does not run there), a CUDA device of compute capability (9, 0)."""
+    interpreter (Gluon does not run there), a CUDA device of compute capability (9, 0) (False,
+    not an error, for "cuda" where torch sees no CUDA device)."""
     device = torch.device(device)
-    if not HAVE_GLUON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if (not HAVE_GLUON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+            or not torch.cuda.is_available()):
         return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0)
 

@@ -102,6 +102,13 @@ def test_supported_rejects_cpu_tensors():
 CPU = "cpu"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_not_available_for_cuda_without_a_cuda_device():
+    """Asking for "cuda" where torch sees no CUDA device answers False instead of raising."""
+    assert not hopper.available("cuda")
+    assert not hopper.available(torch.device("cuda", 0))
+
+
 def test_dispatch_chooses_triton_without_a_hopper_gpu():
     """On a CPU machine (Triton's interpreter) the wrapper plans and runs the Triton path."""
     from kernel import MLAVerifyWrapper
