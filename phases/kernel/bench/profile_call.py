@@ -20,8 +20,7 @@ import argparse
 import torch
 
 from kernel import hopper
-from kernel.validation import kv_rows
-from phases.kernel.bench.hopper_check import SM_SCALE, make_case
+from phases.kernel.bench.hopper_check import _launch, make_case
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,9 +43,7 @@ def main(argv: list[str] | None = None) -> None:
           f"merge {hopper.combine_shape(plan) if plan.needs_combine else 'none'}", flush=True)
     for _ in range(a.calls):
         flush.sum()
-        hopper.run_split_and_combine(plan, tensors, inputs["q"], kv_rows(inputs["kv_cache"]), inputs["qo_indptr"],
-                                     inputs["kv_indptr"], inputs["kv_indices"], inputs["tree_mask"], SM_SCALE, out,
-                                     *partials, variant=variant)
+        _launch(plan, tensors, inputs, out, partials, variant)
     torch.cuda.synchronize()
 
 
