@@ -224,16 +224,15 @@ class MLAVerifyWrapper:
     than a plan needs (a captured step padded to its bucket): rows past the plan's N are neither
     read nor written.
 
-    Backends: on an sm_90 (Hopper) GPU with Gluon, ``plan`` builds the Hopper path's plan
-    (``kernel.hopper``: warp-specialized Gluon split kernel, 1.3-1.7x the Triton path on an H200)
-    for bf16 q with D=576, DV=512 and no explicit ``config``; everything else, and Triton's CPU
-    interpreter, takes the Triton path. ``backend="triton"`` forces the Triton path;
-    ``backend="hopper"`` forces the Hopper path and raises ``ValueError`` where it cannot run.
-    ``path`` says which one ``plan`` chose, ``last_path`` which one the last ``run`` launched.
-    int64 ``kv_indices``: the Hopper kernels read int32 slots; ``run`` serves int64 (or a
-    strided KV pool) through the Triton path over the same plan (same work decomposition, no
-    cast, no allocation) under ``backend="auto"``, and raises under ``backend="hopper"``. A
-    caller that wants the Hopper path passes int32 indices (or casts them once per batch).
+    Dispatch is decided once, by ``plan``, and ``run`` launches what was planned: on an sm_90
+    (Hopper) GPU with Gluon, ``plan`` picks the Hopper path (``kernel.hopper``: warp-specialized
+    Gluon split kernel, 1.3-1.7x the Triton path on an H200) for bf16 q with D=576, DV=512, int32
+    ``kv_indices``, contiguous KV rows and no explicit ``config``; everything else, and Triton's
+    CPU interpreter, takes the Triton path. ``plan`` is told the index dtype and the KV rows'
+    stride it will be run with (``kv_index_dtype``, ``kv_row_stride``), and ``run`` refuses other
+    inputs with ``ValueError`` instead of re-deciding. ``backend="triton"`` forces the Triton
+    path; ``backend="hopper"`` forces the Hopper path and raises ``ValueError`` at ``plan`` where
+    it cannot run. ``path`` says which one ``plan`` chose.
 
     Example::
 
@@ -289,10 +288,15 @@ class MLAVerifyWrapper:
         self._workspace = workspace
         self._owns_workspace = workspace is None
         self._dtype = torch.bfloat16
-        self._triton_plan: MLAVerifyPlan | None = None  # the plan with Triton launch parameters
         self._variant: "hopper.Variant | None" = None  # set when plan() chose the Hopper path
+        self._kv_index_dtype = torch.int32
+        self._kv_row_stride: int | None = None
         self.path: str | None = None
-        self.last_path: str | None = None
+
+    @property
+    def workspace(self) -> Workspace | None:
+        """The split kernel's scratch (the caller's, or the one ``plan`` allocated)."""
+        return self._workspace
 
     @property
     def planned(self) -> MLAVerifyPlan | None:
@@ -349,7 +353,8 @@ class MLAVerifyWrapper:
     def _hopper_dims(dims: HeadDims) -> bool:
         return (dims.head_dim, dims.v_head_dim) == (hopper.HEAD_DIM, hopper.V_HEAD_DIM)
 
-    def _choose_path(self, dims: HeadDims, dtype: torch.dtype, config: TileConfig | None) -> str:
+    def _choose_path(self, dims: HeadDims, dtype: torch.dtype, config: TileConfig | None, kv_index_dtype: torch.dtype,
+                     kv_row_stride: int | None, variant) -> str:
         """"hopper" or "triton" for a plan; ValueError when ``backend="hopper"`` cannot serve it."""
         if self.use_cuda_graph:
             reasons = [] if self._workspace.backend == "hopper" else ["a workspace sized for the Triton path"]
@@ -359,6 +364,12 @@ class MLAVerifyWrapper:
             reasons.append(f"head_dim={dims.head_dim}, v_head_dim={dims.v_head_dim} (the Hopper path needs 576, 512)")
         if dtype != torch.bfloat16:
             reasons.append(f"dtype {dtype} (the Hopper path needs torch.bfloat16)")
+        if kv_index_dtype != torch.int32:
+            reasons.append(f"kv_indices of {kv_index_dtype} (the Hopper path reads int32 slots)")
+        if kv_row_stride not in (None, dims.head_dim):
+            reasons.append(f"KV rows {kv_row_stride} elements apart (the Hopper path needs contiguous [slots, 576] rows)")
+        if variant is not None and not self._hopper_ok:
+            reasons.append(f"a Hopper variant ({variant.describe()}) where the Hopper path cannot run")
         if self._hopper_ok and not reasons:
             return "hopper"
         if self.backend == "hopper":
@@ -377,8 +388,12 @@ class MLAVerifyWrapper:
         kv_start=None,
         kv_contig=None,
         schedule: str | None = None,
+        *,
+        kv_index_dtype: torch.dtype = torch.int32,
+        kv_row_stride: int | None = None,
+        variant: "hopper.Variant | None" = None,
     ) -> MLAVerifyPlan:
-        """Decide the work decomposition of a batch and copy it to the device.
+        """Decide the kernel path and the work decomposition of a batch, and copy it to the device.
 
         qo_indptr, kv_indptr: int32 [B+1], read on the host (one sync); they are not kept.
         dtype: q's dtype. config: tile configuration (None: the default for the batch, or the
@@ -396,14 +411,25 @@ class MLAVerifyWrapper:
         None: every key through kv_indices (the kernels are compiled without the fast path).
         Under ``use_cuda_graph`` the kernels captured read the fast path's metadata only if the
         plan made before capture had it (later plans refresh it; all -1 turns it off).
+        kv_index_dtype: the dtype of the ``kv_indices`` that ``run`` will get (int32 or int64).
+        kv_row_stride: elements between consecutive KV rows in ``run``'s cache (None: contiguous
+        rows of head_dim). variant: a Hopper tile variant to plan for (``kernel.hopper.VARIANTS``;
+        benchmarks and tuning), None: ``hopper.choose_variant``'s. ``run`` refuses inputs other
+        than the ones planned for.
         Returns the plan (host lists).
         """
         if self.use_cuda_graph:
             config = self._workspace.config
+            if variant is not None:
+                raise ValueError(f"Expected no variant with use_cuda_graph (the workspace pins one), got {variant.describe()}")
         check_dims(head_dim, v_head_dim)
-        path = self._choose_path(HeadDims.of(head_dim, v_head_dim), dtype, config)
+        if kv_index_dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"Expected kv_index_dtype torch.int32 or torch.int64, got {kv_index_dtype}")
+        path = self._choose_path(HeadDims.of(head_dim, v_head_dim), dtype, config, kv_index_dtype, kv_row_stride, variant)
         if path == "triton" and config is not None:
             config = triton_config_for(config)  # a graph workspace sized for the Hopper path, fp16 q
+        if path == "hopper" and variant is not None:
+            config = hopper.tile_config(_num_sms(self.device), variant)
         if schedule is None:
             schedule = hopper.default_schedule(qo_indptr.numel() - 1) if path == "hopper" else "uniform"
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config,
@@ -432,7 +458,7 @@ class MLAVerifyWrapper:
         self._sizes = (plan.num_tokens, plan.total_kv, plan.mask_numel)
         self.path = path
         self._variant = hopper.variant_of(plan.config) if path == "hopper" else None
-        self._triton_plan = None  # built by run() when it needs the Triton path
+        self._kv_index_dtype, self._kv_row_stride = kv_index_dtype, kv_row_stride
         return plan
 
     def run(
@@ -462,28 +488,27 @@ class MLAVerifyWrapper:
         scale = 1.0 / math.sqrt(shapes.head_dim) if sm_scale is None else float(sm_scale)
         layout = self._workspace.layout if self.use_cuda_graph else None
         kv = kv_rows(kv_cache)
+        if kv_indices.dtype != self._kv_index_dtype:
+            raise ValueError(f"Expected kv_indices of {self._kv_index_dtype} as planned (plan(kv_index_dtype=...)), "
+                             f"got {kv_indices.dtype}")
+        if kv.stride(0) != (self._kv_row_stride or plan.dims.head_dim):
+            raise ValueError(f"Expected KV rows {self._kv_row_stride or plan.dims.head_dim} elements apart as planned "
+                             f"(plan(kv_row_stride=...)), got {kv.stride(0)}")
         if self._variant is not None:
-            if hopper.supported_inputs(q, kv, plan.dims.v_head_dim, kv_indices) and out.stride(-1) == 1:
-                ws = self._workspace
-                hopper.run_split_and_combine(
-                    plan, self._meta, q, kv, self._meta["qo_indptr"], self._meta["kv_indptr"], kv_indices,
-                    tree_mask, scale, out, ws.partial_o, ws.partial_lse, variant=self._variant, layout=layout,
-                    checked=True,
-                )
-                self.last_path = "hopper"
-                return out
-            if self.backend == "hopper":
+            if not (hopper.supported_inputs(q, kv, plan.dims.v_head_dim, kv_indices) and out.stride(-1) == 1):
                 raise ValueError(
-                    "Expected inputs the Hopper path takes with backend='hopper' (int32 kv_indices, contiguous "
-                    f"[slots, 576] KV rows, bf16, out with a unit last stride), got kv_indices {kv_indices.dtype}, "
+                    "Expected inputs the planned Hopper path takes (bf16 q and KV with unit last strides, int32 "
+                    f"kv_indices, out with a unit last stride), got q {q.dtype} strides {tuple(q.stride())}, "
                     f"KV strides {tuple(kv.stride())}, out strides {tuple(out.stride())}"
                 )
-        if self._triton_plan is None:
-            # The Triton kernels over the same decomposition: the fallback for inputs the Hopper
-            # kernels do not take (int64 kv_indices, strided KV rows).
-            self._triton_plan = dataclasses.replace(plan, config=triton_config_for(plan.config))
-        run_plan(self._triton_plan, self._meta, q, kv, kv_indices, tree_mask, scale, out, self._workspace, layout=layout)
-        self.last_path = "triton"
+            ws = self._workspace
+            hopper.run_split_and_combine(
+                plan, self._meta, q, kv, self._meta["qo_indptr"], self._meta["kv_indptr"], kv_indices,
+                tree_mask, scale, out, ws.partial_o, ws.partial_lse, variant=self._variant, layout=layout,
+                checked=True,
+            )
+            return out
+        run_plan(plan, self._meta, q, kv, kv_indices, tree_mask, scale, out, self._workspace, layout=layout)
         return out
 
 
@@ -527,7 +552,8 @@ def mla_verify_attention(
     """
     check_inputs(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, v_head_dim, out)
     wrapper = MLAVerifyWrapper(q.device, backend=backend)
-    wrapper.plan(qo_indptr, kv_indptr, q.shape[1], q.shape[2], v_head_dim, config, q.dtype, kv_start, kv_contig)
+    wrapper.plan(qo_indptr, kv_indptr, q.shape[1], q.shape[2], v_head_dim, config, q.dtype, kv_start, kv_contig,
+                 kv_index_dtype=kv_indices.dtype, kv_row_stride=kv_rows(kv_cache).stride(0))
     return wrapper.run(q, kv_cache, kv_indices, tree_mask, sm_scale, out)
 
 

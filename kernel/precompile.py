@@ -200,13 +200,13 @@ def _probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batc
         wrapper = MLAVerifyWrapper(device, workspace=workspace, use_cuda_graph=True)
     else:
         wrapper = MLAVerifyWrapper(device)
-    plan = wrapper.plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, dtype=dtype)
+    plan = wrapper.plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, dtype=dtype, kv_index_dtype=index_dtype)
     out = torch.full((draft, num_heads, v_head_dim), float("nan"), dtype=dtype, device=device)
     wrapper.run(q, kv, kv_indices, mask, out=out)
     _expect_finite(out, wrapper, "split kernel")
     launched = []
     fixed = mode == "graph"
-    if wrapper.last_path == "hopper":
+    if wrapper.path == "hopper":
         if plan.needs_combine or fixed:
             launched.append(hopper.combine_shape(plan, fixed))
         ws, meta = wrapper._workspace, wrapper._meta
@@ -221,13 +221,13 @@ def _probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batc
                 launched.append(shape)
     elif plan.needs_combine or fixed:
         launched.append((COMBINE_SPLITS, min(COMBINE_COLS, plan.dims.block_dv)))  # as mla_verify.run_plan
-    return Probe(wrapper.last_path, plan.config.describe(), "causal" if causal else "tree", mode, draft, keys,
+    return Probe(wrapper.path, plan.config.describe(), "causal" if causal else "tree", mode, draft, keys,
                  tuple(launched))
 
 
 def _expect_finite(out: torch.Tensor, wrapper: MLAVerifyWrapper, what: str) -> None:
     if not bool(torch.isfinite(out).all()):
-        raise RuntimeError(f"Expected a finite warm-up output from the {wrapper.last_path} path's {what}, got NaN/inf")
+        raise RuntimeError(f"Expected a finite warm-up output from the {wrapper.path} path's {what}, got NaN/inf")
 
 
 def _cached_kernels() -> int:

@@ -39,9 +39,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from phases.backend.common import make_engine
-from phases.backend.verify import compare, graph_sizes
-from phases.cudagraph.decode_speed import attention_share
+from phases.common.engines import make_engine
+from phases.common.greedy import compare, graph_sizes
+from phases.common.timing import attention_share
 from serving.engine.engine import Request
 from serving.engine.model import DeepseekV3Model
 from serving.engine.parallel import TensorParallel, init_from_env, launched_by_torchrun

@@ -31,9 +31,9 @@ import time
 
 import torch
 
-from phases.backend.common import DTYPES, main_with_json_args, make_engine, metrics_table, pick_device, SharedContext
+from phases.common.engines import DTYPES, main_with_json_args, make_engine, metrics_table, pick_device, SharedContext
+from phases.common.timing import attention_share
 from serving.engine.random_models import random_model
-from serving.graphs import enable_cuda_graphs
 from serving.engine.tree import DraftTree
 
 try:
@@ -51,24 +51,11 @@ class FixedTreeDrafter:
         self.tree = DraftTree.from_paths(paths)
         self.max_drafts = len(self.tree)
 
-    def propose(self, engine, requests):
+    def draft_steps(self, num_layers: int) -> list:
+        return []  # no device steps of its own
+
+    def propose(self, ctx, requests):
         return [self.tree for _ in requests]
-
-
-def attention_share(engine, step_s: float, reps: int = 20) -> float:
-    """Attention's share of a captured step: a graph of the last replayed step's attention calls
-    (same plan, pool and slots) timed against the step's ``step_s`` seconds."""
-    graphs = engine.runner.graphs
-    graph = graphs.attention_graph(graphs.last_key, engine.model.num_layers)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times) / step_s
 
 
 def label(context: int) -> str:
@@ -139,10 +126,9 @@ def run(
                 name = backend + ("" if backend == "reference" or graphs else "_eager")
                 for mode in ("decode", "verify"):
                     captured = graphs and dev.type == "cuda"  # on a CPU: the same static steps, not captured
-                    engine = make_engine(model, pool, backend, None, prefill_chunk=prefill_chunk, profile=not captured)
-                    engine.drafter = drafter if mode == "verify" else None
-                    if graphs:
-                        enable_cuda_graphs(engine, (batch,), capture_graphs=captured)
+                    engine = make_engine(model, pool, backend, drafter if mode == "verify" else None, cuda_graphs=graphs,
+                                         graph_batch_sizes=(batch,), capture_graphs=captured, prefill_chunk=prefill_chunk,
+                                         profile=not captured)
                     reqs = [shared.start(engine, [int(torch.randint(0, model.cfg.vocab_size, (1,), generator=gen))], 10**9)
                             for _ in range(batch)]
                     for r in reqs:

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from phases.backend.common import make_engine
+from phases.common.engines import make_engine
 from phases.cudagraph.decode_speed import label
 from serving.engine.engine import Request
 from serving.engine.random_models import random_model

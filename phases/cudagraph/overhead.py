@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from phases.backend.common import main_with_json_args, make_engine, metrics_table, pick_device, SharedContext
+from phases.common.engines import SharedContext, capture_report, main_with_json_args, make_engine, metrics_table, pick_device
 from phases.cudagraph.decode_speed import label, time_steps
 from serving.engine.random_models import random_model
 
@@ -80,8 +80,8 @@ def run(
             engine = make_engine(model, pool, "kernel", None, cuda_graphs=graphs and dev.type == "cuda",
                                  graph_batch_sizes=(1,))
             if graphs and dev.type == "cuda":
-                metrics["capture_s"] = engine.capture_report.seconds
-                metrics["graph_memory_mib"] = engine.capture_report.total_bytes / 2**20
+                metrics["capture_s"] = capture_report(engine).seconds
+                metrics["graph_memory_mib"] = capture_report(engine).total_bytes / 2**20
             req = shared.start(engine, [1], 10**9)
             engine.prefill(req)
             times[graphs], _ = time_steps(engine, [req], warmup, steps)

@@ -19,7 +19,7 @@ trees. Each round:
   (``padding_corrupted_rows``: padding writes only slot 0).
 
 Then speculative decoding with graphs against plain greedy decoding through the reference
-backend (``phases.backend.verify`` at a small profile): ``mismatched_tokens`` and near ties
+backend (``phases.common.greedy``, phase ``backend``'s check, at a small profile): ``mismatched_tokens`` and near ties
 counted apart, as in phase ``backend``'s gate. ``uncaptured_batch_sizes`` counts buckets
 whose capture failed.
 
@@ -37,14 +37,12 @@ import time
 
 import torch
 
-from phases.backend import verify as greedy_gate
-from phases.backend.common import main_with_json_args, make_engine, pick_device
-from kernel import MLAVerifyWrapper
+from phases.common.engines import capture_report, main_with_json_args, make_engine, pick_device
+from phases.common.greedy import greedy_check
 from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.model_runner import unpack_outputs
 from serving.engine.random_models import random_model
 from serving.engine.tree import DraftTree
-from serving.graphs import enable_cuda_graphs
 from serving.graphs.runner import CudaGraphRunner
 
 try:
@@ -93,25 +91,17 @@ def draw_lengths(rng: random.Random, count: int, max_context: int, budget: int) 
     return [max(1, int(n * scale)) for n in lengths]
 
 
-def plain_step(runner, graphs: CudaGraphRunner, step: StepBatch, key, wrappers: dict):
-    """``step`` through the plain eager path (exact sizes, no padding, its own plan made now), with
-    a wrapper pinned to the bucket's tile configuration: the attention is then the same
+def plain_step(engine, step: StepBatch, key, plain_engines: dict):
+    """``step`` through the plain eager path (exact sizes, no padding, its own plan made now): an
+    engine over the same model and pool without graphs, whose kernel backend is pinned to the
+    bucket's tile configuration (``ServingConfig.pinned_tiles``). The attention is then the same
     decomposition as the replay's, so tokens may differ only at a near tie of the padded
     products, and a replay that kept a stale plan differs outright."""
-    backend = runner.backend
     width = key.family.shape.width
-    wkey = (step.batch_size, width)
-    if wkey not in wrappers:
-        workspace = MLAVerifyWrapper(runner.device).allocate_workspace(
-            max_batch=step.batch_size, max_draft=width, num_heads=backend.num_heads, head_dim=runner.pool.kv.shape[-1],
-            v_head_dim=backend.kv_lora_rank, use_cuda_graph=True)
-        wrappers[wkey] = MLAVerifyWrapper(runner.device, workspace=workspace, use_cuda_graph=True)
-    saved = (runner.graphs, backend.wrapper)
-    runner.graphs, backend.wrapper = None, wrappers[wkey]
-    try:
-        return runner.run(step)
-    finally:
-        runner.graphs, backend.wrapper = saved
+    if width not in plain_engines:
+        plain_engines[width] = make_engine(engine.model, engine.pool, "kernel", None,
+                                           pinned_tiles=(engine.pool.table.max_requests, width))
+    return plain_engines[width].runner.run(step)
 
 
 def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int, seed: int) -> dict:
@@ -128,7 +118,7 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
                   padding_corrupted_rows=0, replays_checked=0)
     cuda = pool.kv.device.type == "cuda"
     keys = [k for k in graphs.keys if k.family.shape.accept]
-    exact_wrappers: dict = {}
+    plain_engines: dict = {}
     widest = max(k.family.shape.width for k in keys)
     count = max(k.batch for k in keys)
     lengths = draw_lengths(rng, count, max_context, (pool.allocator.num_free - count * widest) // 2)
@@ -177,7 +167,7 @@ def replay_rounds(engine, graphs: CudaGraphRunner, rounds: int, max_context: int
             same = same and (got.pred, got.near_tie, got.n_accepted, got.path, got.bonus) == (
                 want.pred, want.near_tie, want.n_accepted, want.path, want.bonus)
             totals["replay_mismatches"] += 0 if same else 1
-            plain = plain_step(runner, graphs, step, key, exact_wrappers)
+            plain = plain_step(engine, step, key, plain_engines)
             differ = [(i, j) for i, (pa, pb) in enumerate(zip(got.pred, plain.pred))
                       for j, (a, b) in enumerate(zip(pa, pb)) if a != b]
             for i, j in differ:  # the evidence, in the gate's log
@@ -209,7 +199,7 @@ def run(
     seed: int = 0,
 ) -> dict:
     """Run the gate; returns its metrics (see the module docstring). ``greedy``: keyword
-    arguments of the speculative-decoding check (``phases.backend.verify.run``)."""
+    arguments of the speculative-decoding check (``phases.common.greedy.greedy_check``)."""
     dev = pick_device(device)
     cuda = dev.type == "cuda"
     t0 = time.perf_counter()
@@ -217,9 +207,9 @@ def run(
     pool = model.new_pool(pool_slots, torch.bfloat16, max_requests=max(batch_sizes), max_context=max_context + 128)
     pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(seed)).to(pool.kv.dtype)
                   if not cuda else torch.randn(pool.kv.shape, device=dev).to(pool.kv.dtype))
-    engine = make_engine(model, pool, "kernel", TREE)
-    report = enable_cuda_graphs(engine, tuple(batch_sizes), capture_graphs=cuda)
-    graphs = engine.runner.graphs
+    engine = make_engine(model, pool, "kernel", TREE, cuda_graphs=True, graph_batch_sizes=tuple(batch_sizes),
+                         capture_graphs=cuda)
+    report, graphs = capture_report(engine), engine.runner.graphs
     captured = {k.batch for k in graphs.graphs}
     metrics = dict(uncaptured_batch_sizes=len(set(batch_sizes) - captured), capture_s=report.seconds,
                    graph_memory_mib=report.total_bytes / 2**20, buckets=len(set(batch_sizes)))
@@ -233,7 +223,7 @@ def run(
     spec.update(greedy or {})
     if not cuda:
         spec.update(device="cpu")
-    g = greedy_gate.run(**spec) if gatekit is None else _quiet_greedy(spec)
+    g = greedy_check(**spec)  # its own artifacts off: this gate writes its own
     metrics.update(mismatched_tokens=g["mismatched_tokens"], near_tie_divergences=g["near_tie_divergences"],
                    requests_failed=g["requests_failed"], tokens_compared=g["tokens_compared"],
                    accepted_per_step=g["accepted_per_step_kernel"])
@@ -241,16 +231,6 @@ def run(
     if gatekit:
         gatekit.write_artifact("capture.md", f"# Capture ({report.seconds:.1f} s)\n\n" + report.table() + "\n")
     return metrics
-
-
-def _quiet_greedy(spec: dict) -> dict:
-    """The greedy check without its own artifacts (this gate writes its own)."""
-    saved = greedy_gate.gatekit
-    greedy_gate.gatekit = None
-    try:
-        return greedy_gate.run(**spec)
-    finally:
-        greedy_gate.gatekit = saved
 
 
 def main() -> None:

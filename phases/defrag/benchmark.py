@@ -2,7 +2,7 @@
 attention.
 
 1. Ceilings first, same process: device copy bandwidth (bytes read + written) and the bf16
-   matmul rate (``phases.kernel.bench.roofline.measure_ceilings``).
+   matmul rate (``phases.common.roofline.measure_ceilings``).
 2. Compaction: a pool of ``layers`` layers (61: DeepSeek-V3) x ``pool_slots`` rows of 576
    bf16, filled with ``requests`` requests grown in interleaved pieces from a shuffled free
    stack, is planned (``planner_s``) and compacted by the executor a budget at a time (the
@@ -91,7 +91,7 @@ def run(
     t_start = time.perf_counter()
     metrics: dict = {}
     if cuda:
-        from phases.kernel.bench.roofline import measure_ceilings
+        from phases.common.roofline import measure_ceilings
 
         ceilings = measure_ceilings(dev)
         metrics["copy_GBps"] = ceilings.copy_bw_bytes_per_s / 1e9
@@ -236,7 +236,7 @@ def move_kernel_part(layers, dev, seed) -> dict:
     on random disjoint moves: one budget piece's worth and 64k rows."""
     if dev.type != "cuda":
         return {}
-    from phases.kernel.bench.timing import event_us, l2_flushes
+    from phases.common.kernel_timing import event_us, l2_flushes
 
     out = {}
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -287,7 +287,7 @@ def attention_part(contexts, decode_batches, shapes, heads_scale, reps, rounds, 
     specs += [(f"B={b} H=16 T=1", [context // b] * b, 16 // heads_scale or 1, 1) for b in decode_batches for context in contexts]
     rows = []
     if cuda:
-        from phases.kernel.bench.timing import event_us, graph_replay, l2_flushes
+        from phases.common.kernel_timing import event_us, graph_replay, l2_flushes
 
         flush = l2_flushes(dev)["read"]
     for i, (name, lens, heads, t) in enumerate(specs):
@@ -356,7 +356,7 @@ def kv_indices_row(context: int, dev: torch.device) -> dict:
     build = lambda: build_kv_indices(table, rows, prefix, kv_indptr, tail_indptr, tails, out,  # noqa: E731
                                      host=([1], [context - 1], [1]))
     if dev.type == "cuda":
-        from phases.kernel.bench.timing import event_us, l2_flushes
+        from phases.common.kernel_timing import event_us, l2_flushes
 
         us = event_us(build, l2_flushes(dev)["read"])
     else:

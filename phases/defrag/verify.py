@@ -46,9 +46,7 @@ from kernel import MLAVerifyWrapper
 from kernel.plan import contiguous_runs
 from phases.defrag.common import DTYPES, StampedPool, attention_batch, gate_main, kv_indices, pick_device
 from serving.defrag import Compaction, DefragPolicy, Defragmenter, measure_pool, plan_compaction, simulate
-from serving.engine.attention import make_backend
-from serving.engine.drafters import parse_speculate
-from serving.engine.engine import Engine
+from serving.stack import ServingConfig, build_engine
 from serving.engine.random_models import random_model
 
 try:
@@ -252,18 +250,18 @@ def engine_part(prompts, context, tokens, preset, speculate, dev, seed) -> dict:
         scatter = pool.allocator.alloc(pool.allocator.num_free)
         random.Random(seed).shuffle(scatter)
         pool.allocator.free(scatter)
-        be = make_backend(backend, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-        engine = Engine(model, pool, be, parse_speculate(speculate))
+        hooks = []
         if mode != "none":
             policy = DefragPolicy(threshold=0.0, min_tokens=1, min_runs=2, max_moves=256, min_reserve=8)
-            hook = _StepChecks(Defragmenter(pool, policy), random.Random(seed + 1) if mode == "random" else None)
-            engine.between_steps.append(hook)
-            checks.append(hook)
+            hooks.append(_StepChecks(Defragmenter(pool, policy), random.Random(seed + 1) if mode == "random" else None))
+            checks.append(hooks[-1])
+        config = ServingConfig(backend=backend, speculate=speculate, pool_slots=pool.num_slots)
+        engine = build_engine(config, model, pool, hooks).engine
         reqs = engine.generate(texts, tokens)
         outputs.append([r.output if r.error is None else None for r in reqs])
         if mode != "none":
             checks[-1].leaked += pool.leaked_slots()
-        del pool, engine, be
+        del pool, engine
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     mismatched = compared = 0

@@ -61,7 +61,7 @@ from runner import gatekit
 from kernel.reference import mla_verify_reference
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 from phases.kernel.bench.fit import fit_fixed_cost, fit_table
-from phases.kernel.bench.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.common.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 from phases.kernel.bench.shapes import (
     BATCH8_CONTEXTS,
     BATCH8_SHAPE,
@@ -75,7 +75,7 @@ from phases.kernel.bench.shapes import (
     V_HEAD_DIM,
     decode_batch_shapes,
 )
-from phases.kernel.bench.timing import bench_us, graph_replay, planned_run
+from phases.common.kernel_timing import bench_us, graph_replay, planned_run
 from phases.kernel.verify import max_request_rel_err
 
 ORACLE_MIN_CONTEXT = 16384
@@ -481,7 +481,7 @@ def _layers_agree(prepared: _Prepared) -> bool:
 def _path_of(prepared: _Prepared) -> str:
     """The kernel path ("hopper" | "triton") layer 0's eager planned call last launched ("n/a" without one)."""
     wrapper = getattr(prepared.calls[0], "wrapper", None) if prepared.planned else None
-    return getattr(wrapper, "last_path", None) or "n/a"
+    return getattr(wrapper, "path", None) or "n/a"
 
 
 def summarize(rows: list[BenchRow], ceilings: Ceilings) -> dict:

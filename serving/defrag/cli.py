@@ -1,13 +1,6 @@
-"""What ``python -m serving generate`` shows of defragmentation, and its ``--no-defrag`` switch."""
+"""What ``python -m serving generate`` shows of defragmentation."""
 
 from __future__ import annotations
-
-from serving.defrag.policy import DefragPolicy, Defragmenter, attach
-
-
-def attach_defrag(engine, enabled: bool = True, policy: DefragPolicy | None = None) -> Defragmenter:
-    """The generate command's defragmenter: compacts between steps, or only measures when not ``enabled``."""
-    return attach(engine, policy, enabled=enabled)
 
 
 def defrag_line(summary: dict) -> str:

@@ -224,10 +224,3 @@ class Defragmenter:
         out.update(enabled=self.enabled, in_progress=self.active is not None, reserved_slots=self.reserved_slots)
         out["fragmentation"] = measure_pool(self.pool).summary()
         return out
-
-
-def attach(engine, policy: DefragPolicy | None = None, *, enabled: bool = True, copy: str = "auto") -> Defragmenter:
-    """A ``Defragmenter`` over ``engine.pool``, called by the engine between steps."""
-    defrag = Defragmenter(engine.pool, policy, enabled=enabled, copy=copy)
-    engine.between_steps.append(defrag)
-    return defrag

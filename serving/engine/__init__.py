@@ -9,7 +9,7 @@ each tensor a rank holds), ``parallel`` (the process group and its collectives),
 ``sharded_weights`` (a rank's slices of a checkpoint), ``tp_launch`` (torchrun).
 """
 
-from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend, make_backend
+from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend
 from serving.engine.config import ConfigError, ModelConfig
 from serving.engine.drafters import LayerSkipDrafter, NgramDrafter, parse_speculate
 from serving.engine.engine import Engine, Request
@@ -19,7 +19,7 @@ from serving.engine.model import DeepseekV3Model
 from serving.engine.weights import WeightError
 
 __all__ = [
-    "AttentionBackend", "KernelBackend", "ReferenceBackend", "make_backend", "ConfigError", "ModelConfig",
+    "AttentionBackend", "KernelBackend", "ReferenceBackend", "ConfigError", "ModelConfig",
     "LayerSkipDrafter", "NgramDrafter", "parse_speculate", "Engine", "Request", "KVPool", "PoolExhausted",
     "DeepseekV3Model", "WeightError", "MemoryLimitError",
 ]

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from kernel import MLAVerifyWrapper
-from kernel.reference import mla_verify_reference
 from serving.engine.batch import ForwardBatch
+from serving.engine.dense_attention import latent_attention
 from serving.engine.kv_pool import KVPool
 from serving.engine.timing import IntervalTimer
 
@@ -56,6 +56,11 @@ class AttentionBackend:
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Per-step metadata for every layer; the base needs none."""
+
+    def warmup(self, max_tokens: int) -> tuple[float, str | None]:
+        """Compile what a step of up to ``max_tokens`` tokens per request can launch, before the
+        first request: (seconds, None) or (seconds, why it failed). The base compiles nothing."""
+        return 0.0, None
 
     def init_cuda_graph_state(self, max_batch: int, max_tokens: int) -> None:
         raise NotImplementedError(f"the {self.name} backend cannot be captured in a CUDA graph")
@@ -126,8 +131,8 @@ class AttentionBackend:
 
 
 class ReferenceBackend(AttentionBackend):
-    """Decode and verify through ``kernel.reference`` (float32 gather / matmul / softmax), per
-    request with host-side lengths (no device sync); not capturable (shapes follow lengths)."""
+    """Decode and verify through the engine's float32 path (``serving.engine.dense_attention``),
+    per request with host-side lengths (no device sync); not capturable (shapes follow lengths)."""
 
     name = "reference"
 
@@ -135,11 +140,10 @@ class ReferenceBackend(AttentionBackend):
         n = sum(batch.qo_lens)
         if tree_mask is not None:
             tree_mask = tree_mask[: sum(t * t for t in batch.qo_lens)]
-        out = mla_verify_reference(
-            (q.to(self.pool.dtype) if self.pool.dtype != torch.float32 else q)[:n],
-            self.pool.layer(layer), batch.qo_indptr_host, batch.kv_indptr_host, batch.kv_indices, tree_mask,
-            self.sm_scale, v_head_dim=self.kv_lora_rank, compute_dtype=torch.float32,
-            out_dtype=self.pool.dtype,
+        q_in = q.to(self.pool.dtype) if self.pool.dtype != torch.float32 else q  # the rows' precision, as the kernel sees q
+        out = latent_attention(
+            q_in[:n], self.pool.layer(layer), batch.qo_indptr_host.tolist(), batch.kv_indptr_host.tolist(), batch.kv_indices,
+            tree_mask, self.sm_scale, self.kv_lora_rank, self.pool.dtype,
         ).to(q.dtype)
         return out if n == q.shape[0] else torch.cat([out, q.new_zeros((q.shape[0] - n,) + out.shape[1:])])
 
@@ -161,11 +165,15 @@ class KernelBackend(AttentionBackend):
     name = "kernel"
     supports_cuda_graph = True
 
-    def __init__(self, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> None:
+    def __init__(self, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float,
+                 pinned_tiles: tuple[int, int] | None = None) -> None:
         super().__init__(pool, num_heads, kv_lora_rank, sm_scale)
         if pool.dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"Expected a bf16 or fp16 KV pool for the kernel backend, got {pool.dtype}")
-        self.wrapper = MLAVerifyWrapper(self.device)
+        if pinned_tiles is None:
+            self.wrapper = MLAVerifyWrapper(self.device)
+        else:  # every step planned as a graph workspace of (batch, width) plans it, without graphs
+            self.wrapper = self._graph_wrapper(*pinned_tiles)
         self._graph_wrappers: dict = {}
         self._graph_workspaces: dict = {}
         self._active = None  # the wrapper the step's layers run
@@ -178,6 +186,23 @@ class KernelBackend(AttentionBackend):
         )
         self._active = wrapper
 
+    def warmup(self, max_tokens: int) -> tuple[float, str | None]:
+        """Every variant a plan can dispatch, captured or eager (a step no bucket holds must not
+        compile either), compiled in parallel threads (``kernel.warmup``): captures then find them
+        compiled instead of compiling them one after another. A failure is reported, not raised:
+        the first launch would compile what it needs."""
+        import time
+
+        from kernel import warmup
+
+        t0 = time.perf_counter()
+        try:
+            warmup(self.device, self.num_heads, max_tokens, self.pool.kv.shape[-1], self.kv_lora_rank, self.pool.dtype,
+                   use_cuda_graph=None)
+        except (RuntimeError, ValueError) as exc:
+            return time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
+        return time.perf_counter() - t0, None
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self._active = None
         if batch.mode in ("decode", "verify"):
@@ -187,13 +212,16 @@ class KernelBackend(AttentionBackend):
         self._graph_wrappers.clear()
         self._graph_workspaces.clear()
 
-    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch) -> None:
+    def _graph_wrapper(self, batch_size: int, max_draft: int) -> MLAVerifyWrapper:
         workspace = MLAVerifyWrapper(self.device).allocate_workspace(
             max_batch=batch_size, max_draft=max_draft, num_heads=self.num_heads, head_dim=self.pool.kv.shape[-1],
             v_head_dim=self.kv_lora_rank, use_cuda_graph=True,
         )
-        wrapper = MLAVerifyWrapper(self.device, workspace=workspace, use_cuda_graph=True)
-        self._graph_wrappers[key], self._graph_workspaces[key] = wrapper, workspace
+        return MLAVerifyWrapper(self.device, workspace=workspace, use_cuda_graph=True)
+
+    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch) -> None:
+        wrapper = self._graph_wrapper(batch_size, max_draft)
+        self._graph_wrappers[key], self._graph_workspaces[key] = wrapper, wrapper.workspace
         self._plan(wrapper, batch)
 
     def init_forward_metadata_replay_cuda_graph(self, key, batch: ForwardBatch) -> None:
@@ -222,10 +250,3 @@ class KernelBackend(AttentionBackend):
         return self._run(q, layer, batch, batch.tree_mask)
 
 
-BACKENDS = {"reference": ReferenceBackend, "kernel": KernelBackend}
-
-
-def make_backend(name: str, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> AttentionBackend:
-    if name not in BACKENDS:
-        raise ValueError(f"Expected backend in {sorted(BACKENDS)}, got {name!r}")
-    return BACKENDS[name](pool, num_heads, kv_lora_rank, sm_scale)

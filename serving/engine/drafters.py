@@ -9,23 +9,93 @@
 
 A tree of ``width x depth`` is ``width`` chains of ``depth`` tokens below the root (merged
 where they share a prefix), at most 63 drafts so root + drafts fit the kernel's T <= 64.
+
+The seam (``Drafter``): a drafter reads the requests' token histories (``DraftRequest``) and,
+through ``DraftContext``, runs device steps of its own on the model runner over pool rows it
+allocates and frees itself; it returns one ``DraftTree`` (token ids and parents) per request.
+It declares the device steps it issues (``draft_steps``) and how wide its trees get
+(``max_drafts``), so ``serving.graphs`` can capture them without knowing its class.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.kv_pool import PoolExhausted
+from serving.engine.model_runner import StepShape
 from serving.engine.tree import MAX_DRAFT_TOKENS, DraftTree
 
 if TYPE_CHECKING:
-    from serving.engine.engine import Engine, Request
+    from serving.engine.kv_pool import KVPool
+    from serving.engine.model_runner import ModelRunner
+
+
+class DraftRequest(Protocol):
+    """What a drafter reads of a request: its id (its slot-table row), its whole token history
+    (prompt + output) and the latest token (the next step's root, not cached yet)."""
+
+    @property
+    def req_id(self) -> int: ...
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+    @property
+    def last_token(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter may use for one proposal: the model runner (its steps run the target's
+    layers or the drafter's own; graph replay where captured), the pool (scratch slots, its own
+    KV rows: allocated and freed by the drafter) and the model's sizes."""
+
+    runner: "ModelRunner"
+
+    @property
+    def pool(self) -> "KVPool":
+        return self.runner.pool
+
+    @property
+    def num_layers(self) -> int:
+        return self.runner.model.num_layers
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.model.cfg.vocab_size
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """One kind of device step a drafter issues through ``DraftContext.runner``: its shape, the
+    new slots per entry at most (``tail``) and how many times one step may read a live slot
+    (``copies``: chains of one request each read its prefix). ``serving.graphs`` captures one
+    graph per draft step and bucket."""
+
+    name: str
+    shape: StepShape
+    tail: int
+    copies: int = 1
 
 
 class Drafter(Protocol):
-    def propose(self, engine: "Engine", requests: list["Request"]) -> list[DraftTree]: ...
+    """Proposes a draft tree per request for one verify step.
+
+    max_drafts: the most draft tokens of one tree (the verify step is 1 + max_drafts wide).
+    draft_steps(num_layers): the device steps ``propose`` issues on a model of that depth.
+    propose(ctx, requests): one tree per request, in order; every slot it allocated is freed
+    (or kept as its own rows) before it returns.
+    """
+
+    max_drafts: int
+
+    def draft_steps(self, num_layers: int) -> list[DraftStep]: ...
+
+    def propose(self, ctx: DraftContext, requests: Sequence[DraftRequest]) -> list[DraftTree]: ...
 
 
 def _check_shape(width: int, depth: int) -> None:
@@ -39,7 +109,13 @@ class NgramDrafter:
 
     def __init__(self, width: int = 4, depth: int = 4, max_n: int = 3, min_n: int = 1) -> None:
         _check_shape(width, depth)
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"Expected 1 <= min_n <= n for the n-gram drafter, got n={max_n}, min_n={min_n}")
         self.width, self.depth, self.max_n, self.min_n = width, depth, max_n, min_n
+        self.max_drafts = min(width * depth, MAX_DRAFT_TOKENS)
+
+    def draft_steps(self, num_layers: int) -> list[DraftStep]:
+        return []  # host lookups only
 
     def paths(self, history: list[int]) -> list[list[int]]:
         found: list[list[int]] = []
@@ -54,7 +130,7 @@ class NgramDrafter:
                             return found
         return found
 
-    def propose(self, engine: "Engine", requests: list["Request"]) -> list[DraftTree]:
+    def propose(self, ctx: DraftContext, requests: Sequence[DraftRequest]) -> list[DraftTree]:
         return [DraftTree.from_paths(self.paths(r.tokens)) for r in requests]
 
 
@@ -67,11 +143,20 @@ class LayerSkipDrafter:
         if layers < 1:
             raise ValueError(f"Expected layers >= 1 for the layer-skip drafter, got {layers}")
         self.width, self.depth, self.layers = width, depth, layers
+        self.max_drafts = min(width * depth, MAX_DRAFT_TOKENS)
 
-    def propose(self, engine: "Engine", requests: list["Request"]) -> list[DraftTree]:
-        pool, model, table = engine.pool, engine.model, engine.pool.table
-        layers = min(self.layers, model.num_layers)
-        width = min(self.width, model.cfg.vocab_size)
+    def draft_steps(self, num_layers: int) -> list[DraftStep]:
+        if self.layers > num_layers:
+            raise ValueError(f"Expected layers=K with K <= the model's {num_layers} layers for tree speculation, "
+                             f"got layers={self.layers}")
+        layers = self.layers
+        return [DraftStep("draft-first", StepShape("decode", layers, 1, self.width, False), tail=1),
+                DraftStep("draft", StepShape("decode", layers, 1, 0, False), tail=self.depth, copies=self.width)]
+
+    def propose(self, ctx: DraftContext, requests: Sequence[DraftRequest]) -> list[DraftTree]:
+        pool, table, runner = ctx.pool, ctx.pool.table, ctx.runner
+        layers = min(self.layers, ctx.num_layers)
+        width = min(self.width, ctx.vocab_size)
         per_request = 1 + width * (self.depth - 1)
         try:
             scratch = pool.alloc(per_request * len(requests))
@@ -86,7 +171,7 @@ class LayerSkipDrafter:
             first_step = StepBatch("decode", [StepEntry(row, n, [root], [r.last_token], [n])
                                               for row, n, root, r in zip(rows, lengths, roots, requests)],
                                    num_layers=layers, topk=width)
-            first = engine.runner.run(first_step).topk
+            first = runner.run(first_step).topk
             chains = [[first[b][0][w]] for b in range(len(requests)) for w in range(width)]
             for step in range(1, self.depth):
                 owners = [i // width for i in range(len(chains))]
@@ -94,7 +179,7 @@ class LayerSkipDrafter:
                     StepEntry(rows[o], lengths[o], [roots[o]] + branch_slots[i][:step], [chains[i][-1]], [lengths[o] + step])
                     for i, o in enumerate(owners)
                 ], num_layers=layers)
-                nxt = engine.runner.run(batch).pred
+                nxt = runner.run(batch).pred
                 for c, t in zip(chains, nxt):
                     c.append(t[0])
         finally:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
 from serving.engine.accept import bf16_resolution
 from serving.engine.attention import AttentionBackend
 from serving.engine.batch import StepBatch, StepEntry
-from serving.engine.drafters import Drafter
+from serving.engine.drafters import DraftContext, Drafter
 from serving.engine.kv_pool import KVPool, PoolExhausted, TableFull
 from serving.engine.model import DeepseekV3Model
 from serving.engine.model_runner import ModelRunner
@@ -97,40 +97,48 @@ class StepStats:
 
 
 class Engine:
-    """Greedy generation over one model, pool and attention backend.
+    """Greedy generation through one model runner (its model, pool and attention backend).
 
+    Built by ``serving.stack.build_engine`` from a ``ServingConfig``; nothing is attached later.
     drafter: None for plain greedy decoding; prefill_chunk: prompt tokens per prefill forward;
     eos_token_id: one id or several; a request stops after emitting any of them (kept in its output);
     record_margins: keep each emitted token's top-two logit gap (the greedy gate's tie check);
     profile: time the attention calls of eager steps (CUDA events) to report attention's share
-    of a step; runner: the model runner (default: an eager one over model, pool and backend;
-    ``serving.graphs.capture`` gives one that replays CUDA graphs).
+    of a step; between_steps: called as ``hook(engine)`` after every step of ``run()``, when no
+    step is in flight (``serving.defrag``'s compaction: a hook may move pool rows and rename slots).
     """
 
     def __init__(
         self,
-        model: DeepseekV3Model,
-        pool: KVPool,
-        backend: AttentionBackend,
+        runner: ModelRunner,
         drafter: Drafter | None = None,
         prefill_chunk: int = 8192,
         eos_token_id: int | Iterable[int] | None = None,
         record_margins: bool = False,
         profile: bool = False,
-        runner: ModelRunner | None = None,
+        between_steps: Sequence[Callable[["Engine"], None]] = (),
     ) -> None:
         if prefill_chunk < 1:
             raise ValueError(f"Expected prefill_chunk >= 1, got {prefill_chunk}")
-        self.model, self.pool, self.backend, self.drafter = model, pool, backend, drafter
-        self.runner = runner or ModelRunner(model, pool, backend)
+        self.runner, self.drafter = runner, drafter
         self.prefill_chunk = prefill_chunk
         self.eos_token_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or ())
         self.record_margins = record_margins
         self.profile = profile
         self.stats = StepStats()
-        # Called as hook(engine) after every step of run(), when no step is in flight (e.g.
-        # serving.defrag's compaction); a hook may move pool rows and rename slots.
-        self.between_steps: list[Callable[["Engine"], None]] = []
+        self.between_steps = tuple(between_steps)
+
+    @property
+    def model(self) -> DeepseekV3Model:
+        return self.runner.model
+
+    @property
+    def pool(self) -> KVPool:
+        return self.runner.pool
+
+    @property
+    def backend(self) -> AttentionBackend:
+        return self.runner.backend
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -249,7 +257,7 @@ class Engine:
         self.backend.timer.reset()
         synchronize(device)
         t0 = time.perf_counter()
-        trees = self.drafter.propose(self, live) if self.drafter is not None else [DraftTree() for _ in live]
+        trees = self.drafter.propose(DraftContext(self.runner), live) if self.drafter is not None else [DraftTree() for _ in live]
         entries = []
         for req, tree in zip(live, trees):
             if self.pool.table.length(req.req_id) >= self.pool.table.max_context:

@@ -50,7 +50,7 @@ from serving.engine.config import ModelConfig
 MARGIN = 0.9
 SDPA_QUERY_CHUNK = 4096  # attention.PREFILL_QUERY_CHUNK (not imported: that module pulls in the kernel)
 MASK_BYTES_PER_PAIR = 9  # bool mask + its float32 conversion + one aligned copy
-REFERENCE_SCORE_BYTES = 512 << 20  # kernel.reference.DEFAULT_CHUNK_BYTES
+REFERENCE_SCORE_BYTES = 512 << 20  # dense_attention.SCORE_BYTES (not imported: keep this module light)
 TENSOR_BOOKKEEPING = 1024  # bytes per tensor: name, shape, tensor object
 PROMPT_TOKEN_BOOKKEEPING = 64  # bytes per prompt token: Python lists of ids (a few copies)
 

@@ -15,14 +15,19 @@ Decisions:
 - Prefill (``extend``) is always eager: its shapes follow the prompt.
 - One result read per step: the integer outputs are packed on the device and copied back in
   one transfer (plus one for the margins), the step's only host sync.
-- A ``graphs`` runner, when given, serves every decode / verify / draft step its buckets
-  hold; anything else (a batch wider than the largest bucket, a backend that cannot be
-  captured, a CPU device) runs eagerly through the same ``forward_step``.
+- Graph replay belongs to the runner that captured it: the runner is built with a
+  ``replay`` factory (``serving.graphs.CudaGraphs``), calls it once at the end of its own
+  construction, and keeps what it returns as ``graphs``; nothing is attached later. That
+  replayer serves every decode / verify / draft step its buckets hold; anything else (a batch
+  wider than the largest bucket, a backend that cannot be captured, a CPU device) runs eagerly
+  through the same ``forward_step``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -122,16 +127,38 @@ def unpack_outputs(ints: torch.Tensor, gap: torch.Tensor, step: StepBatch, shape
     return result
 
 
-class ModelRunner:
-    """Runs steps of ``model`` over ``pool`` with ``backend``; ``graphs`` (optional, from
-    ``serving.graphs``) replays captured steps where it can."""
+class StepReplay(Protocol):
+    """Replays captured steps (``serving.graphs.CudaGraphRunner``)."""
 
-    def __init__(self, model: DeepseekV3Model, pool: KVPool, backend: AttentionBackend) -> None:
+    replays: int
+
+    def try_replay(self, step: StepBatch) -> StepResult | None:
+        """The step's results from a captured graph; None when no capture holds it."""
+
+
+class ModelRunner:
+    """Runs steps of ``model`` over ``pool`` with ``backend``.
+
+    replay: called once with this runner, after it is ready, to capture its steps; what it
+    returns serves the steps it holds (``graphs``). None: every step eager.
+    """
+
+    def __init__(self, model: DeepseekV3Model, pool: KVPool, backend: AttentionBackend,
+                 replay: Callable[["ModelRunner"], StepReplay] | None = None) -> None:
+        if backend.pool is not pool:
+            raise ValueError("Expected the attention backend of this runner's pool, got a backend over another pool")
         self.model, self.pool, self.backend = model, pool, backend
         self.device = model.device
-        self.graphs = None
+        self.graphs: StepReplay | None = None
         # Tables for every position a request can reach, once: a captured step cannot grow them.
         model.rope.ensure(pool.table.max_context + MAX_VERIFY_TOKENS)
+        if replay is not None:
+            self.graphs = replay(self)
+
+    def eager(self) -> "ModelRunner":
+        """A runner over the same model, pool and backend that replays nothing (a gate's
+        comparison path); it shares this one's state, not its graphs."""
+        return ModelRunner(self.model, self.pool, self.backend)
 
     # ---- host side -----------------------------------------------------------------------
 

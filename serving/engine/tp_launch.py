@@ -44,10 +44,11 @@ class LockstepRunner(ModelRunner):
     """A ``ModelRunner`` for one rank of ``tp``: with ``tp.check_steps``, every step's decisions
     (and every prefill's greedy token) are compared across the ranks after the step."""
 
-    def __init__(self, model: DeepseekV3Model, pool: KVPool, backend: AttentionBackend, tp: TensorParallel) -> None:
-        super().__init__(model, pool, backend)
+    def __init__(self, model: DeepseekV3Model, pool: KVPool, backend: AttentionBackend, tp: TensorParallel,
+                 replay=None) -> None:
         self.tp = tp
         self.steps = 0
+        super().__init__(model, pool, backend, replay)
 
     def run(self, step: StepBatch) -> StepResult:
         result = super().run(step)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernel.reference import tree_mask_from_parents
+from kernel.masks import tree_mask_from_parents
 
 MAX_VERIFY_TOKENS = 64  # the kernel's limit on T_b; the root (last accepted token) takes one
 MAX_DRAFT_TOKENS = MAX_VERIFY_TOKENS - 1

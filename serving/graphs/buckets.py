@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serving.engine.batch import StepBatch, StepEntry, StepLayout
+from serving.engine.drafters import Drafter
 from serving.engine.model_runner import StepShape
 from serving.engine.tree import MAX_VERIFY_TOKENS
 
@@ -59,23 +60,16 @@ class GraphKey:
         return f"{self.family.name}[b{self.batch}]"
 
 
-def families_for(drafter, num_layers: int) -> list[StepFamily]:
-    """The step families an engine with ``drafter`` issues (``serving.engine.drafters``)."""
-    from serving.engine.drafters import LayerSkipDrafter, NgramDrafter
-
+def families_for(drafter: Drafter | None, num_layers: int) -> list[StepFamily]:
+    """The step families an engine with ``drafter`` issues: the target's decode step, its verify
+    step as wide as the drafter's trees (``Drafter.max_drafts``), and the drafter's own steps
+    (``Drafter.draft_steps``)."""
     out = [StepFamily("decode", StepShape("decode", None, 1, 0, True), tail=1)]
     if drafter is None:
         return out
-    if isinstance(drafter, (LayerSkipDrafter, NgramDrafter)):
-        width = 1 + min(drafter.width * drafter.depth, MAX_VERIFY_TOKENS - 1)
-    else:  # any other drafter: as wide as it declares, else the kernel's limit
-        width = 1 + min(getattr(drafter, "max_drafts", MAX_VERIFY_TOKENS - 1), MAX_VERIFY_TOKENS - 1)
+    width = 1 + min(drafter.max_drafts, MAX_VERIFY_TOKENS - 1)
     out.append(StepFamily("verify", StepShape("verify", None, width, 0, True), tail=width))
-    if isinstance(drafter, LayerSkipDrafter):
-        layers = min(drafter.layers, num_layers)
-        out.append(StepFamily("draft-first", StepShape("decode", layers, 1, drafter.width, False), tail=1))
-        out.append(StepFamily("draft", StepShape("decode", layers, 1, 0, False), tail=drafter.depth,
-                              copies=drafter.width))
+    out += [StepFamily(d.name, d.shape, d.tail, d.copies) for d in drafter.draft_steps(num_layers)]
     return out
 
 

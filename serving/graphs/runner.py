@@ -8,6 +8,8 @@ buffers (padding the rest), re-plans the attention into the same workspace, repl
 the packed results back: one copy in, one plan upload, one replay, one copy out.
 
 Decisions:
+- ``CudaGraphs`` is the factory a ``ModelRunner`` is built with: the runner that captured the
+  graphs owns them.
 - Everything is captured before the first request (``capture``): the first step's kernels
   are compiled during capture's warm-up, so a user's first request runs as fast as the second.
   ``CaptureReport`` says how long it took and how much memory each bucket holds.
@@ -30,9 +32,10 @@ from dataclasses import dataclass, field
 import torch
 
 from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
+from serving.engine.drafters import Drafter
 from serving.engine.model_runner import ModelRunner, StepResult, unpack_outputs
 from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, families_for, key_for, keys_for, placeholder_step
-from serving.graphs.capture import collected_before_capture
+from serving.engine.capture_guard import collected_before_capture
 
 
 @dataclass
@@ -87,6 +90,7 @@ class CudaGraphRunner:
         self.replays = 0
         self.eager_steps = 0
         self.last_key: GraphKey | None = None
+        self.report = CaptureReport()  # set by capture()
         self._layouts: list[tuple[GraphKey, StepLayout]] = []
 
     def capture(self) -> CaptureReport:
@@ -103,6 +107,7 @@ class CudaGraphRunner:
             self._capture_all(report, backend, cuda)
         report.seconds = time.perf_counter() - start
         self._layouts = [(k, self.graphs[k].layout) for k in self.graphs]
+        self.report = report
         return report
 
     def _capture_all(self, report: CaptureReport, backend, cuda: bool) -> None:
@@ -190,32 +195,29 @@ class CudaGraphRunner:
         return graph
 
 
-def enable_cuda_graphs(engine, batch_sizes=DEFAULT_BATCH_SIZES, capture_graphs: bool = True) -> CaptureReport:
-    """Capture every step ``engine`` can issue (its drafter's included) at ``batch_sizes`` and
-    make its model runner replay them; returns the capture report. ``capture_graphs=False``:
-    static buffers and re-planning without capture (CPU)."""
-    runner = engine.runner
-    families = families_for(engine.drafter, engine.model.num_layers)
-    keys = keys_for(families, batch_sizes)
-    graphs = CudaGraphRunner(runner, keys, capture_graphs)
-    warmup_error, warmup_s = None, 0.0
-    if capture_graphs:
-        # Every attention variant a step can dispatch, captured or eager (a step no bucket holds must
-        # not compile either), compiled before the captures and in parallel threads (kernel.warmup):
-        # the captures then find them compiled instead of compiling them one after another.
-        from kernel import warmup
+@dataclass(frozen=True)
+class CudaGraphs:
+    """The replay factory a ``ModelRunner`` is built with (``ModelRunner(..., replay=CudaGraphs(...))``):
+    called once by the runner, it captures every step the runner can be asked for (the
+    drafter's included) at ``batch_sizes`` and returns the ``CudaGraphRunner`` the runner keeps.
+    ``capture=False``: static buffers and re-planning without capture (CPU)."""
 
-        widest = max(f.shape.width for f in families)
-        t0 = time.perf_counter()
-        try:
-            warmup(runner.device, runner.backend.num_heads, widest, runner.pool.kv.shape[-1], runner.backend.kv_lora_rank,
-                   runner.pool.dtype, use_cuda_graph=None)
-        except (RuntimeError, ValueError) as exc:  # the captures compile what they launch; an eager fallback would on first use
-            warmup_error = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"kernel warm-up failed: {warmup_error}", stacklevel=2)
-        warmup_s = time.perf_counter() - t0
-    report = graphs.capture()
-    runner.graphs = graphs
-    report.kernel_warmup_s, report.kernel_warmup_error = warmup_s, warmup_error
-    report.seconds += warmup_s
-    return report
+    drafter: Drafter | None = None
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    capture: bool = True
+
+    def __call__(self, runner: ModelRunner) -> CudaGraphRunner:
+        families = families_for(self.drafter, runner.model.num_layers)
+        graphs = CudaGraphRunner(runner, keys_for(families, self.batch_sizes), self.capture)
+        warmup_s, warmup_error = 0.0, None
+        if self.capture:
+            # The backend compiles what the steps can launch first (in parallel, kernel.warmup); the
+            # captures then find it compiled.
+            warmup_s, warmup_error = runner.backend.warmup(max(f.shape.width for f in families))
+            if warmup_error is not None:
+                warnings.warn(f"kernel warm-up failed: {warmup_error}", stacklevel=2)
+        report = graphs.capture()
+        report.kernel_warmup_s, report.kernel_warmup_error = warmup_s, warmup_error
+        report.seconds += warmup_s
+        graphs.report = report
+        return graphs

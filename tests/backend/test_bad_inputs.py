@@ -10,7 +10,8 @@ import torch
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 from safetensors.torch import load_file, save_file
 
-from serving.engine import ConfigError, DeepseekV3Model, Engine, KernelBackend, WeightError, make_backend
+from serving.engine import ConfigError, DeepseekV3Model, KernelBackend, WeightError
+from serving.stack import ServingConfig, build_engine
 from serving.engine.config import ModelConfig
 from serving.engine.random_models import random_model
 from tests.backend.hf_models import save_tiny
@@ -129,7 +130,7 @@ def test_fused_expert_tensors_load_like_per_expert_ones(folder, tmp_path):
 def make_engine(slots, backend="reference", dtype=torch.float32):
     model = random_model("tiny")
     pool = model.new_pool(slots, dtype)
-    return Engine(model, pool, make_backend(backend, pool, 2, 32, model.sm_scale))
+    return build_engine(ServingConfig(backend=backend, pool_slots=slots), model, pool).engine
 
 
 def test_prompt_longer_than_the_pool():
@@ -169,7 +170,7 @@ def test_kernel_backend_refuses_a_float32_pool():
     with pytest.raises(ValueError, match="bf16 or fp16 KV pool for the kernel backend, got torch.float32"):
         KernelBackend(model.new_pool(8), 2, 32, model.sm_scale)
     with pytest.raises(ValueError, match="backend in"):
-        make_backend("flash", model.new_pool(8), 2, 32, 1.0)
+        ServingConfig(backend="flash")
 
 
 def test_pool_exhausted_during_prefill_fails_that_request_only():

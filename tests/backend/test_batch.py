@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from serving.engine import make_backend
+from serving.engine import KernelBackend
 from serving.engine.batch import PackedStep, StepBatch, StepEntry, StepLayout, forward_batch
 from serving.engine.kv_indices import _build_kv_indices_kernel, build_kv_indices
 from serving.engine.kv_pool import KVPool
@@ -156,7 +156,7 @@ def test_kernel_backend_plans_from_host_copies():
     """The batch's device indptrs sit on the meta device, which the host cannot read: planning
     succeeds only from the host copies (as on a GPU, where reading the device ones syncs)."""
     pool = pool_with_prefixes()
-    backend = make_backend("kernel", pool, num_heads=2, kv_lora_rank=512, sm_scale=0.1)
+    backend = KernelBackend(pool, num_heads=2, kv_lora_rank=512, sm_scale=0.1)
     batch, _ = prepared(mixed_step(pool), pool)
     meta = dataclasses.replace(batch, qo_indptr=batch.qo_indptr.to("meta"), kv_indptr=batch.kv_indptr.to("meta"))
     with pytest.raises(NotImplementedError, match="meta tensor"):

@@ -32,7 +32,7 @@ def test_text_prompt_without_tokenizer_is_refused():
 
 
 def test_serving_never_imports_transformers():
-    code = ("import sys, serving.engine.cli as c; c.main(['generate', '--random-model', 'tiny', '--prompt', '1,2', "
+    code = ("import sys, serving.stack.cli as c; c.main(['generate', '--random-model', 'tiny', '--prompt', '1,2', "
             "'--max-new-tokens', '2', '--speculate', 'tree:2x2']); assert 'transformers' not in sys.modules, 'imported'")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers writes the checkpoints of these tests (pip install -e .[test])")
 
-from serving.engine.cli import main
+from serving.stack.cli import main
 from tests.backend.hf_models import save_tiny
 from tests.backend.processes import run_python, run_serving
 
@@ -29,7 +29,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def baseline_mb():
-    return run_python("import serving.engine.cli").peak_rss_mb
+    return run_python("import serving.stack.cli").peak_rss_mb
 
 
 def with_config(folder, tmp_path, **changes):
@@ -170,7 +170,7 @@ def test_flags_too_large_for_memory_exit_2_with_the_numbers(baseline_mb, args, m
 def test_ten_million_token_prompt_is_refused_on_a_16_gib_host(baseline_mb):
     """Machine-independent: the child sees 16 GiB of free host memory."""
     code = ("import serving.engine.limits as limits; limits.host_available_bytes = lambda: 16 << 30\n"
-            "from serving.engine.cli import main\n"
+            "from serving.stack.cli import main\n"
             "raise SystemExit(main(['generate', '--random-model', 'tiny', '--random-prompt', '10000000', '--device', 'cpu']))")
     result = run_python(code, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -208,7 +208,7 @@ def test_unreadable_tokenizer_is_named(capsys, folder, tmp_path):
 def test_an_allocation_failure_past_the_estimate_is_one_line_exit_1():
     """The estimate fits (the child sees 64 GiB free), but its RLIMIT_DATA of 1 GiB does not hold the 1.1 GB pool."""
     code = ("import serving.engine.limits as limits; limits.host_available_bytes = lambda: 64 << 30\n"
-            "from serving.engine.cli import main\n"
+            "from serving.stack.cli import main\n"
             "raise SystemExit(main(['generate', '--random-model', 'tiny', '--random-prompt', '3000000', '--prefill-chunk', '16', "
             "'--device', 'cpu']))")
     result = run_python(code, data_limit=1 << 30, timeout=60)

@@ -15,8 +15,9 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model, Engine, make_backend, parse_speculate
-from serving.engine.cli import main
+from serving.engine import DeepseekV3Model
+from serving.stack import ServingConfig, build_engine
+from serving.stack.cli import main
 from serving.engine.config import eos_token_ids
 from tests.backend.hf_models import hf_generate, hf_greedy, load_hf, save_tiny
 
@@ -59,8 +60,9 @@ LAYOUTS = {
 def engine_for(folder, eos, speculate=None):
     model = DeepseekV3Model.from_folder(folder)
     pool = model.new_pool(256)
-    backend = make_backend("reference", pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    return Engine(model, pool, backend, parse_speculate(speculate), eos_token_id=eos)
+    config = ServingConfig(backend="reference", speculate=speculate, pool_slots=pool.num_slots,
+                           eos_token_ids=tuple([eos] if isinstance(eos, int) else eos or ()))
+    return build_engine(config, model, pool).engine
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

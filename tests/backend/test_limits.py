@@ -66,7 +66,7 @@ ABSURD = [dict(num_hidden_layers=10**9), dict(n_routed_experts=400_000_000, n_gr
 @pytest.fixture(scope="module")
 def baseline_mb():
     """Peak RSS of a child that imports the engine and does nothing else."""
-    return run_python("import serving.engine.cli").peak_rss_mb
+    return run_python("import serving.stack.cli").peak_rss_mb
 
 
 @pytest.mark.parametrize("overrides", ABSURD)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine import Engine, LayerSkipDrafter, NgramDrafter, make_backend, parse_speculate
+from serving.engine import LayerSkipDrafter, NgramDrafter, parse_speculate
+from serving.stack import ServingConfig, build_engine
 from serving.engine.random_models import random_model
 from serving.engine.tree import DraftTree, accept_greedy
 
@@ -19,8 +20,7 @@ def model():
 
 def run(model, spec, backend="reference", prompts=PROMPTS, max_new=24, slots=1024, pool_dtype=torch.float32):
     pool = model.new_pool(slots, pool_dtype)
-    be = make_backend(backend, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    eng = Engine(model, pool, be, parse_speculate(spec) if isinstance(spec, (str, type(None))) else spec)
+    eng = build_engine(ServingConfig(backend=backend, speculate=spec, pool_slots=slots), model, pool).engine
     reqs = eng.generate(prompts, max_new)
     return eng, reqs
 

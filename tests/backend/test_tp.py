@@ -274,7 +274,7 @@ def torchrun(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
 
 
 def test_torchrun_generate_prints_once_and_matches_one_process():
-    from serving.engine.cli import build_parser, generate
+    from serving.stack.cli import build_parser, generate
 
     argv = ["generate", "--random-model", "tiny", "--prompt", "1,2,3", "--random-prompt", "30", "--max-new-tokens", "8",
             "--speculate", "tree:2x2", "--json"]

@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model, Engine, make_backend
+from serving.engine import DeepseekV3Model
+from serving.stack import ServingConfig, build_engine
 from serving.engine.batch import StepBatch, StepEntry
 from tests.backend.hf_models import hf_greedy, load_hf, save_tiny
 
@@ -38,7 +39,7 @@ def checkpoints(tmp_path_factory):
 def engine_for(folder, backend="reference", pool_dtype=torch.float32, slots=256, drafter=None):
     model = DeepseekV3Model.from_folder(folder)
     pool = model.new_pool(slots, pool_dtype)
-    return Engine(model, pool, make_backend(backend, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale), drafter)
+    return build_engine(ServingConfig(backend=backend, speculate=drafter, pool_slots=slots), model, pool).engine
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from phases.backend import tp_check
-from serving.engine import Engine, make_backend, parse_speculate
+from serving.stack import ServingConfig, build_engine
 from serving.engine.model import DeepseekV3Model
 from serving.engine.parallel import LockstepError, RankFailed, TensorParallel, init_from_env
 from serving.engine.random_models import random_model
@@ -43,9 +43,8 @@ def rank_env(rank: int, size: int, port: int) -> dict[str, str]:
 def generate(model: DeepseekV3Model, spec: str | None, tp: TensorParallel | None = None) -> list[list[int]]:
     """Greedy outputs of PROMPTS (reference backend, fp32 pool); ``tp``: through the lockstep runner."""
     pool = model.new_pool(1024)
-    backend = make_backend("reference", pool, model.num_local_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    runner = None if tp is None else LockstepRunner(model, pool, backend, tp)
-    engine = Engine(model, pool, backend, parse_speculate(spec), runner=runner)
+    engine = build_engine(ServingConfig(backend="reference", speculate=spec, pool_slots=pool.num_slots), model, pool).engine
+    assert isinstance(engine.runner, LockstepRunner) == (tp is not None and tp.size > 1)
     requests = engine.generate(PROMPTS, MAX_NEW)
     assert all(r.error is None for r in requests) and pool.leaked_slots() == 0
     return [r.output for r in requests]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine import Engine, make_backend
 from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.drafters import parse_speculate
 from serving.engine.random_models import random_model
-from serving.graphs import enable_cuda_graphs, families_for
+from serving.graphs import families_for
+from serving.stack import ServingConfig, build_engine
 from serving.graphs.buckets import GraphKey, key_for, keys_for, placeholder_step
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 8, 1], [7], [100, 101, 102, 100, 101, 102, 100]]
@@ -23,10 +23,10 @@ def model():
 
 def engine(model, spec, static: bool, batch_sizes=(1, 2, 8)):
     pool = model.new_pool(512, torch.bfloat16, max_requests=8, max_context=64)
-    backend = make_backend("kernel", pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    eng = Engine(model, pool, backend, parse_speculate(spec))
-    report = enable_cuda_graphs(eng, batch_sizes, capture_graphs=False) if static else None
-    return eng, report
+    config = ServingConfig(backend="kernel", speculate=spec, pool_slots=pool.num_slots, cuda_graphs=static,
+                           graph_batch_sizes=tuple(batch_sizes), capture_graphs=False)
+    stack = build_engine(config, model, pool)
+    return stack.engine, stack.capture_report
 
 
 @pytest.mark.parametrize("spec", [None, "tree:2x2", "ngram:2x2"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from serving.engine.cli import main
+from serving.stack.cli import main
 
 
 def test_generate_shows_fragmentation_and_compactions_and_can_turn_them_off(capsys):

@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from serving.defrag import DefragPolicy, Defragmenter, attach
+from serving.defrag import DefragPolicy, Defragmenter
 from serving.defrag.measure import count_runs
-from serving.engine import Engine, make_backend, parse_speculate
+from serving.stack import ServingConfig, build_engine
 from serving.engine.batch import PackedStep, StepBatch, StepEntry, StepLayout
 from serving.engine.model_runner import StepShape
 from serving.engine.random_models import random_model
@@ -32,10 +32,21 @@ def uncompacted(model):
             for spec in ("tree:2x2", "ngram:2x4")}
 
 
-def make_engine(model, spec="tree:2x2", backend="reference", slots=1024, dtype=torch.float32):
+def make_engine(model, spec="tree:2x2", backend="reference", slots=1024, dtype=torch.float32, hooks=(), **config):
     pool = model.new_pool(slots, dtype)
-    be = make_backend(backend, pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    return Engine(model, pool, be, parse_speculate(spec))
+    return build_engine(ServingConfig(backend=backend, speculate=spec, pool_slots=slots, **config), model, pool, hooks).engine
+
+
+class LateChecks:
+    """A between-steps hook whose checker needs the engine's pool, made after the engine."""
+
+    def __init__(self, make):
+        self.make, self.checks = make, None
+
+    def __call__(self, engine):
+        if self.checks is None:
+            self.checks = self.make(engine.pool)
+        self.checks(engine)
 
 
 class PoolChecks:
@@ -63,21 +74,21 @@ class PoolChecks:
 
 @pytest.mark.parametrize("spec", ["tree:2x2", "ngram:2x4"])
 def test_speculation_with_compaction_at_random_steps_is_token_exact(model, uncompacted, spec):
-    eng = make_engine(model, spec)
-    checks = PoolChecks(Defragmenter(eng.pool), random.Random(0))
-    eng.between_steps.append(checks)
+    late = LateChecks(lambda pool: PoolChecks(Defragmenter(pool), random.Random(0)))
+    eng = make_engine(model, spec, hooks=[late])
     reqs = eng.generate(PROMPTS, NEW_TOKENS)
+    checks = late.checks
     assert [r.output for r in reqs] == uncompacted[spec] and all(r.error is None for r in reqs)
     assert checks.compactions > 0 and checks.defrag.stats.moved_rows > 0
     assert eng.pool.leaked_slots() == 0 and eng.pool.allocator.num_free == eng.pool.allocator.capacity
 
 
 def test_incremental_compaction_under_a_tight_budget_is_token_exact(model, uncompacted):
-    eng = make_engine(model, "ngram:2x4")
     policy = DefragPolicy(threshold=0, min_tokens=1, min_runs=2, max_moves=5, min_reserve=2)
-    checks = PoolChecks(Defragmenter(eng.pool, policy))
-    eng.between_steps.append(checks)
+    late = LateChecks(lambda pool: PoolChecks(Defragmenter(pool, policy)))
+    eng = make_engine(model, "ngram:2x4", hooks=[late])
     reqs = eng.generate(PROMPTS, NEW_TOKENS)
+    checks = late.checks
     assert [r.output for r in reqs] == uncompacted["ngram:2x4"]
     s = checks.defrag.stats
     assert s.compactions > 1 and s.steps_moving > s.compactions  # compactions spanned several steps
@@ -139,10 +150,13 @@ def test_a_step_from_static_buffers_is_bitwise_equal_after_compaction(model, bac
     assert torch.equal(before[1][:n], after[1][:n])
 
 
-def test_the_hook_is_attached_and_idle_engines_hold_no_reservation(model):
-    eng = make_engine(model)
-    defrag = attach(eng, DefragPolicy(threshold=0, min_tokens=1, min_runs=2, max_moves=1))
-    assert eng.between_steps == [defrag]
+def test_the_builder_installs_the_hook_and_idle_engines_hold_no_reservation(model):
+    pool = model.new_pool(1024, torch.float32)
+    config = ServingConfig(backend="reference", speculate="tree:2x2", pool_slots=1024, defrag="on",
+                           defrag_policy=DefragPolicy(threshold=0, min_tokens=1, min_runs=2, max_moves=1))
+    stack = build_engine(config, model, pool)
+    eng, defrag = stack.engine, stack.defrag
+    assert eng.between_steps == (defrag,) and defrag.enabled
     eng.generate(PROMPTS[:2], 8)
     assert defrag.active is None and eng.pool.leaked_slots() == 0
     summary = defrag.summary()

@@ -79,7 +79,7 @@ def test_a_captured_verify_step_replays_bitwise_equal_after_compaction():
     """STYLE's graph recipe: warm up on a side stream, capture the device half of a verify step
     (kv_indices built from the slot table, the kernel, the model), compact the pool between
     replays, refresh the static buffers and the plan, poison the outputs, replay, compare."""
-    from serving.engine import Engine, make_backend
+    from serving.stack import ServingConfig, build_engine
     from serving.engine.batch import PackedStep, StepBatch, StepEntry, StepLayout
     from serving.engine.model_runner import StepShape
     from serving.engine.random_models import random_model
@@ -87,8 +87,7 @@ def test_a_captured_verify_step_replays_bitwise_equal_after_compaction():
     dev = torch.device("cuda")
     model = random_model("gpu-h16", dev, torch.bfloat16, seed=0)
     pool = model.new_pool(8192, torch.bfloat16)
-    eng = Engine(model, pool, make_backend("kernel", pool, model.cfg.num_attention_heads, model.cfg.kv_lora_rank,
-                                           model.sm_scale))
+    eng = build_engine(ServingConfig(backend="kernel", pool_slots=pool.num_slots), model, pool).engine
     gen = torch.Generator().manual_seed(0)
     reqs = [eng.add_request(torch.randint(0, model.cfg.vocab_size, (300,), generator=gen).tolist(), 100) for _ in range(3)]
     for r in reqs:

@@ -123,8 +123,29 @@ def test_dispatch_chooses_triton_without_a_hopper_gpu():
     wrapper.plan(qo_indptr, kv_indptr, num_heads=2, head_dim=64, v_head_dim=32)
     assert wrapper.path == "triton"
     out = wrapper.run(q, kv, torch.arange(40, dtype=torch.int32))
-    assert wrapper.last_path == "triton" and not torch.isnan(out).any()
-    assert not wrapper._triton_plan.config.keys_as_m
+    assert not torch.isnan(out).any()
+    assert not wrapper.planned.config.keys_as_m
+
+
+def test_run_refuses_inputs_other_than_planned():
+    """``plan`` fixes the path for the index dtype and row stride it is told; ``run`` launches
+    only that, and refuses int64 indices or strided rows it was not planned for."""
+    from kernel import MLAVerifyWrapper
+
+    wrapper = MLAVerifyWrapper(CPU)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 2, 64, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
+    qo_indptr = torch.tensor([0, 2], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 40], dtype=torch.int32)
+    wrapper.plan(qo_indptr, kv_indptr, num_heads=2, head_dim=64, v_head_dim=32)
+    with pytest.raises(ValueError, match="kv_indices of torch.int32 as planned"):
+        wrapper.run(q, kv, torch.arange(40, dtype=torch.int64))
+    wide = torch.randn(40, 128, generator=gen).to(torch.bfloat16)[:, :64]
+    with pytest.raises(ValueError, match="64 elements apart as planned"):
+        wrapper.run(q, wide, torch.arange(40, dtype=torch.int32))
+    wrapper.plan(qo_indptr, kv_indptr, num_heads=2, head_dim=64, v_head_dim=32, kv_index_dtype=torch.int64)
+    assert wrapper.path == "triton" and not torch.isnan(wrapper.run(q, kv, torch.arange(40))).any()
 
 
 def test_backend_hopper_raises_without_a_hopper_gpu():
@@ -279,29 +300,26 @@ def test_wrapper_backends_match_float64_reference(draft_lens, kv_lens, num_heads
     assert wrapper.path == backend
     _check_guarded_twice(lambda out: wrapper.run(q, kv, kv_indices, flat, scale, out), q.shape[0], num_heads,
                          reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512))
-    assert wrapper.last_path == backend
 
 
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-def test_auto_dispatches_hopper_and_falls_back_for_int64_indices():
+def test_auto_dispatches_hopper_and_plans_triton_for_int64_indices():
     from kernel import MLAVerifyWrapper
 
     q, kv, qo_indptr, kv_indptr, kv_indices, masks, flat = _inputs([4, 2], [5000, 700], 16, True, seed=5)
     scale = 1.0 / math.sqrt(192)
     ref = reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512)
     wrapper = MLAVerifyWrapper(q.device)
-    wrapper.plan(qo_indptr, kv_indptr, 16)
-    assert wrapper.path == "hopper"
     for indices, path in ((kv_indices, "hopper"), (kv_indices.long(), "triton")):
+        wrapper.plan(qo_indptr, kv_indptr, 16, kv_index_dtype=indices.dtype)
+        assert wrapper.path == path
         out = wrapper.run(q, kv, indices, flat, scale)
-        assert wrapper.last_path == path
         assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
     forced = MLAVerifyWrapper(q.device, backend="hopper")
-    forced.plan(qo_indptr, kv_indptr, 16)
-    with pytest.raises(ValueError, match="int32 kv_indices"):
-        forced.run(q, kv, kv_indices.long(), flat, scale)
+    with pytest.raises(ValueError, match="int32 slots"):
+        forced.plan(qo_indptr, kv_indptr, 16, kv_index_dtype=torch.int64)
     fp16 = MLAVerifyWrapper(q.device)
     fp16.plan(qo_indptr, kv_indptr, 16, dtype=torch.float16)
     assert fp16.path == "triton"
@@ -455,7 +473,6 @@ def test_small_row_ragged_batches_through_the_wrapper(num_heads, drafts, prefixe
     assert plan.config.keys_as_m and wrapper.path == "hopper"
     _check_guarded_twice(lambda out: wrapper.run(q, kv, kv_indices, flat, scale, out), q.shape[0], num_heads,
                          reference(q, kv, qo_indptr, kv_indptr, kv_indices, masks, scale, 512))
-    assert wrapper.last_path == "hopper"
 
 
 @pytest.mark.parametrize("num_heads,draft", SMALL_ROW_SHAPES)

@@ -20,7 +20,7 @@ import triton
 
 from kernel import hopper
 from kernel.triton_kernels import _mla_verify_combine_kernel
-from phases.kernel.bench.timing import event_us, graph_replay, l2_flushes
+from phases.common.kernel_timing import event_us, graph_replay, l2_flushes
 
 RAGGED = (1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072)
 PLANS = (  # (label, draft lengths, context lengths, heads)

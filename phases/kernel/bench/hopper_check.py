@@ -135,7 +135,7 @@ def stage_correct(names):
 
 def bench(fn, flush):
     """Median µs of the CUDA-graph replay of ``fn`` (eager where capture fails), ``flush`` before each."""
-    from phases.kernel.bench.timing import event_us, graph_replay
+    from phases.common.kernel_timing import event_us, graph_replay
 
     try:
         run = graph_replay(fn)
@@ -166,8 +166,8 @@ def stage_bench(names):
     import torch
 
     from kernel import MLAVerifyWrapper, hopper
-    from phases.kernel.bench.roofline import measure_ceilings
-    from phases.kernel.bench.timing import l2_flushes
+    from phases.common.roofline import measure_ceilings
+    from phases.common.kernel_timing import l2_flushes
 
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -192,7 +192,7 @@ def stage_bench(names):
             w = MLAVerifyWrapper(device, backend=which)
             w.plan(inputs["qo_indptr"], inputs["kv_indptr"], H)
             args = (q, inputs["kv_cache"], inputs["kv_indices"], inputs["tree_mask"], SM_SCALE)
-            r = {"us": bench(lambda: w.run(*args, out=out), flush), "path": w.last_path}
+            r = {"us": bench(lambda: w.run(*args, out=out), flush), "path": w.path}
             if which == "triton":
                 torch.save(out.cpu(), ref_path)
         else:
@@ -212,7 +212,7 @@ def stage_bench(names):
 
 
 def table(names):
-    from phases.kernel.bench.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+    from phases.common.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 
     with open(os.path.join(OUT, "bench_triton.json")) as f:
         base = json.load(f)

@@ -33,7 +33,7 @@ from kernel.plan import program_makespan
 from kernel.triton_kernels import launch_combine
 from kernel.validation import kv_rows
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
-from phases.kernel.bench.timing import event_us, graph_replay, l2_flushes
+from phases.common.kernel_timing import event_us, graph_replay, l2_flushes
 
 SHAPES = ((16, 1), (8, 8), (16, 8))
 CONTEXTS = (4096, 16384, 65536, 131072)

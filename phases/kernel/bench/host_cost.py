@@ -31,7 +31,7 @@ import torch
 
 from kernel import MLAVerifyWrapper, mla_verify_attention
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
-from phases.kernel.bench.timing import graph_replay
+from phases.common.kernel_timing import graph_replay
 
 SHAPES = ((16, 1, 16384, False), (16, 1, 65536, False), (128, 1, 16384, False), (16, 8, 16384, True))
 SM_SCALE = PRODUCTION_SM_SCALE
@@ -101,7 +101,7 @@ def measure(num_heads: int, num_draft: int, context: int, tree: bool, out_dir: P
     }
     wrapper.plan(qo, kvp, num_heads)
     run()
-    row["path"] = wrapper.last_path
+    row["path"] = wrapper.path
     if out_dir is not None:
         tag = row["shape"].replace(" ", "_").replace("=", "")
         (out_dir / f"profile_run_{tag}.txt").write_text(profile_text(run, 300))

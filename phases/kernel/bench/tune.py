@@ -9,7 +9,7 @@
 For every (H, T) shape and context it checks each configuration against the fp32 oracle, then
 times it three ways: eager planned ``run`` (``do_bench`` median, L2 zeroed between reps), the
 split kernel alone, and the planned ``run`` replayed from a CUDA graph; the fraction is the
-same-run roofline (``phases.kernel.bench.roofline``) over the graph time. The defaults in
+same-run roofline (``phases.common.roofline``) over the graph time. The defaults in
 ``kernel.plan.default_tile_config`` come from here (see ``phases/kernel/NOTES.md``).
 
 ``--compile-only`` needs no GPU: it compiles the split kernel for sm_90 (tree mask and causal,
@@ -34,9 +34,9 @@ from kernel.mla_verify import MLAVerifyWrapper, Workspace, make_plan, run_plan, 
 from kernel.plan import PlanLayout, TileConfig
 from kernel.reference import mla_verify_reference
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
-from phases.kernel.bench.roofline import measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.common.roofline import measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 from phases.kernel.bench.shapes import HEAD_DIM, V_HEAD_DIM
-from phases.kernel.bench.timing import bench_us, event_us, graph_replay, l2_flushes
+from phases.common.kernel_timing import bench_us, event_us, graph_replay, l2_flushes
 
 
 def candidate_configs(rows: int, sms: int) -> list[TileConfig]:

@@ -75,7 +75,7 @@ def planned_run(inputs: dict, out: torch.Tensor, *, graph: bool = True) -> Calla
     ``inputs``: the keyword arguments of ``mla_verify_attention`` (``phases.kernel.bench.cases.build_inputs``).
     With ``graph`` (and a CUDA ``q``) the call is captured in a CUDA graph and the replay is
     returned, as an engine running under graph capture pays it; otherwise the eager ``run``
-    (with a ``wrapper`` attribute: the ``MLAVerifyWrapper``, whose ``last_path`` names the
+    (with a ``wrapper`` attribute: the ``MLAVerifyWrapper``, whose ``path`` names the
     kernel path, "hopper" or "triton", that the default dispatch chose).
     """
     q = inputs["q"]
@@ -86,5 +86,5 @@ def planned_run(inputs: dict, out: torch.Tensor, *, graph: bool = True) -> Calla
     )
     args = (q, inputs["kv_cache"], inputs["kv_indices"], inputs["tree_mask"], inputs["sm_scale"])
     run = lambda: wrapper.run(*args, out=out)  # noqa: E731
-    run.wrapper = wrapper  # its ``path`` / ``last_path`` say which kernel path the call used
+    run.wrapper = wrapper  # its ``path`` says which kernel path the call used
     return graph_replay(run) if graph and q.is_cuda else run

@@ -6,6 +6,9 @@ permitted when stream is capturing" from ``CUDAGraph::reset``); torch no longer 
 entering ``torch.cuda.graph``. Seen on an H200 in the ``decode-speed`` gate, which drops an engine
 with its graphs before building the next: the collector fired inside a later capture, at a
 context that depended on how many objects the run had allocated.
+
+It sits in the engine layer because both wings capture graphs: ``serving.graphs`` its steps,
+``serving.defrag`` its row moves; neither imports the other.
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
-"""What the backend gates share: building an engine on a random preset, long shared contexts."""
+"""What the serving gates share: engines built through ``serving.stack``, long shared contexts,
+the gates' small command-line and report helpers.
+
+This is the one place gate code of several phases shares (``phases/common``); no phase imports
+another phase's modules (``tests/test_layers.py``).
+"""
 
 from __future__ import annotations
 
 import torch
 
-from serving.engine.attention import make_backend
-from serving.engine.drafters import parse_speculate
 from serving.engine.engine import Engine, Request
 from serving.engine.kv_pool import KVPool
 from serving.engine.model import DeepseekV3Model
-from serving.engine.tp_launch import LockstepRunner
+from serving.graphs import DEFAULT_BATCH_SIZES, CaptureReport
+from serving.stack import ServingConfig, build_engine
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -35,18 +39,21 @@ def pick_device(device: str | None) -> torch.device:
 
 
 def make_engine(model: DeepseekV3Model, pool: KVPool, backend: str, speculate: str | None, cuda_graphs: bool = False,
-                graph_batch_sizes=None, **kwargs) -> Engine:
-    """An engine over ``pool``; ``cuda_graphs``: capture its steps first (kernel backend, CUDA).
-    A tensor-parallel model's engine steps through a ``LockstepRunner`` (its heads, its group)."""
-    be = make_backend(backend, pool, model.num_local_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    if model.tp.size > 1:
-        kwargs.setdefault("runner", LockstepRunner(model, pool, be, model.tp))
-    engine = Engine(model, pool, be, parse_speculate(speculate), **kwargs)
-    if cuda_graphs:
-        from serving.graphs import DEFAULT_BATCH_SIZES, enable_cuda_graphs
+                graph_batch_sizes=None, **engine_options) -> Engine:
+    """An engine over ``pool`` (shared with other engines of the gate), built by
+    ``serving.stack.build_engine``; ``cuda_graphs``: its runner captures its steps first (kernel
+    backend, CUDA); ``engine_options``: more ``ServingConfig`` fields (prefill_chunk,
+    record_margins, profile, pinned_tiles, capture_graphs)."""
+    config = ServingConfig(backend=backend, speculate=speculate, pool_slots=pool.num_slots, cuda_graphs=cuda_graphs,
+                           graph_batch_sizes=tuple(graph_batch_sizes or DEFAULT_BATCH_SIZES), **engine_options)
+    return build_engine(config, model, pool).engine
 
-        engine.capture_report = enable_cuda_graphs(engine, graph_batch_sizes or DEFAULT_BATCH_SIZES)
-    return engine
+
+def capture_report(engine: Engine) -> CaptureReport:
+    """What capturing ``engine``'s graphs cost (its runner owns them)."""
+    if engine.runner.graphs is None:
+        raise ValueError("Expected an engine built with cuda_graphs, got one without graphs")
+    return engine.runner.graphs.report
 
 
 class SharedContext:

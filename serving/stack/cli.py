@@ -28,18 +28,20 @@ from pathlib import Path
 import torch
 
 from serving.engine import limits
-from serving.engine.attention import make_backend
 from serving.engine.config import ModelConfig, eos_token_ids
 from serving.engine.drafters import parse_speculate
-from serving.engine.engine import Engine
 from serving.engine.model import DeepseekV3Model
 from serving.engine.parallel import TensorParallel, launched_by_torchrun
 from serving.engine.random_models import PRESETS, preset_config, random_model
 from serving.engine.sharded_weights import load_sharded_weights
 from serving.engine.sharding import rank_config
-from serving.engine.tp_launch import LockstepRunner, run_on_ranks
+from serving.engine.tp_launch import run_on_ranks
 from serving.engine.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
 from serving.engine.weights import load_weights
+from serving.defrag.cli import defrag_line
+from serving.graphs import DEFAULT_BATCH_SIZES
+from serving.stack.build import build_engine
+from serving.stack.config import ServingConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -102,8 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
 def graph_batch_sizes(text: str | None, entries: int) -> tuple[int, ...]:
     """The buckets to capture: ``text`` (comma-separated), else the default ones up to the first
     that holds ``entries`` (the widest step this run can issue)."""
-    from serving.graphs import DEFAULT_BATCH_SIZES
-
     if text is None:
         fits = [b for b in DEFAULT_BATCH_SIZES if b >= entries]
         return tuple(b for b in DEFAULT_BATCH_SIZES if b < entries) + tuple(fits[:1])
@@ -192,6 +192,8 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     if not lens:
         raise UsageError("Expected at least one --prompt or --random-prompt, got none")
     drafter = parse_speculate(args.speculate)
+    if drafter is not None:
+        drafter.draft_steps(cfg.num_hidden_layers)  # a drafter the model cannot serve: refused before loading it
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = args.pool_slots if args.pool_slots is not None else sum(n + args.max_new_tokens + 64 for n in lens) + 4096
     need = sum(lens) + len(lens) + 1
@@ -203,6 +205,13 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         estimated, device, dtype, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=lens, max_new_tokens=args.max_new_tokens,
         prefill_chunk=args.prefill_chunk, draft_tokens=MAX_DRAFT_TOKENS if drafter else 0, random_weights=bool(args.random_model),
     ))
+    sizes = graph_batch_sizes(args.graph_batch_sizes, len(lens) * getattr(drafter, "width", 1))
+    context = max(lens) + args.max_new_tokens + 2 * MAX_VERIFY_TOKENS
+    config = ServingConfig(
+        backend=backend_name, speculate=args.speculate, pool_slots=slots, pool_dtype=pool_dtype, max_requests=len(lens),
+        max_context=min(context, slots), prefill_chunk=args.prefill_chunk, eos_token_ids=tuple(eos), profile=not graphs,
+        cuda_graphs=graphs, graph_batch_sizes=sizes, defrag="measure" if args.no_defrag else "on",
+    )  # every flag checked: nothing below is refused for a usage error before the model exists
     if args.random_model:
         model = random_model(args.random_model, device, dtype, args.seed, tp=tp)
     else:
@@ -210,21 +219,10 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         model = DeepseekV3Model(cfg, weights, device, dtype, tp)
     gen = torch.Generator().manual_seed(args.seed)
     prompts += [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in args.random_prompt]
-    sizes = graph_batch_sizes(args.graph_batch_sizes, len(prompts) * getattr(drafter, "width", 1))
-    context = max(len(p) for p in prompts) + args.max_new_tokens + 2 * MAX_VERIFY_TOKENS
-    pool = model.new_pool(slots, pool_dtype, max_requests=len(prompts), max_context=min(context, slots))
-    backend = make_backend(backend_name, pool, model.num_local_heads, model.cfg.kv_lora_rank, model.sm_scale)
-    engine = Engine(model, pool, backend, drafter, prefill_chunk=args.prefill_chunk, eos_token_id=eos, profile=not graphs,
-                    runner=None if tp is None else LockstepRunner(model, pool, backend, tp))
-    warmup_s, graph_bytes = 0.0, 0
-    if graphs:
-        from serving.graphs import enable_cuda_graphs
-
-        report = enable_cuda_graphs(engine, sizes)
-        warmup_s, graph_bytes = report.seconds, report.total_bytes
-    from serving.defrag.cli import attach_defrag  # phase defrag: compaction between steps
-
-    defrag = attach_defrag(engine, enabled=not args.no_defrag)
+    stack = build_engine(config, model)
+    engine, pool, defrag = stack.engine, stack.pool, stack.defrag
+    report = stack.capture_report
+    warmup_s, graph_bytes = (report.seconds, report.total_bytes) if report is not None else (0.0, 0)
     requests = [engine.add_request(p, args.max_new_tokens) for p in prompts]
     longest = max(len(p) for p in prompts)
     t0 = time.perf_counter()
@@ -308,8 +306,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step, "
             f"{share}prefill {result['prefill_tokens_per_s']:.0f} tokens/s{graphs}"
         )
-        from serving.defrag.cli import defrag_line
-
         print(defrag_line(result["defrag"]))
     failed = [(i, r["error"]) for i, r in enumerate(result["requests"]) if r["error"]]
     for i, message in failed:

@@ -1,0 +1,148 @@
+"""The campaign's import graph: the layers of docs/ARCHITECTURE.md, checked from the source.
+
+Layers, from the base up (a module imports only its own layer and the ones below):
+
+1. ``kernel``: the kernel library;
+2. ``serving.engine``: model, pool, attention backends, drafters, the model runner, the engine;
+3. ``serving.graphs`` and ``serving.defrag``: the engine's two wings, peers that never import
+   each other;
+4. ``serving.stack`` (and ``serving.__main__``): the config and the one builder, the CLI;
+5. ``phases``: gate code. A phase imports no other phase's modules; what several phases share
+   lives in ``phases.common``, which imports no phase.
+
+Also: the test oracle (``kernel.reference``) stays out of ``serving``; the serving and phase
+import graph has no cycle. Edges are read from the source (``import x`` / ``from x import y`` at
+any depth, so a lazy import in a function counts; ``if TYPE_CHECKING:`` blocks do not).
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("kernel", "serving", "phases")
+ORACLE = "kernel.reference"
+
+
+def group_of(module: str) -> str:
+    """The layer group a module belongs to: 'kernel', 'serving.engine', 'serving.graphs',
+    'serving.defrag', 'serving.stack', 'serving' (the package itself), 'phases.common',
+    'phases.<phase>' or 'phases'."""
+    parts = module.split(".")
+    if parts[0] == "kernel":
+        return "kernel"
+    if parts[0] == "serving":
+        if len(parts) == 1 or parts[1] == "__main__":
+            return "serving.stack" if len(parts) > 1 else "serving"
+        return "serving." + parts[1]
+    if parts[0] == "phases":
+        return "phases" if len(parts) == 1 else "phases." + parts[1]
+    raise AssertionError(f"{module} is in no package of {PACKAGES}")
+
+
+RANK = {"kernel": 0, "serving": 1, "serving.engine": 1, "serving.graphs": 2, "serving.defrag": 2, "serving.stack": 3}
+
+
+def rank_of(group: str) -> int:
+    return RANK.get(group, 4)  # every phases.* group
+
+
+def allowed(source: str, target: str) -> str | None:
+    """None when ``source`` may import ``target``, else the rule it breaks."""
+    a, b = group_of(source), group_of(target)
+    if target == ORACLE and a.startswith("serving"):
+        return "the test oracle kernel.reference stays in tests and gates"
+    if a == b or b in ("serving", "phases"):
+        return None
+    if rank_of(b) > rank_of(a):
+        return f"{a} is below {b}"
+    if rank_of(a) == rank_of(b):
+        if a.startswith("phases.") and b == "phases.common":
+            return None
+        return f"{a} and {b} are peers that do not import each other"
+    return None
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool):
+    skip: set[int] = set()
+    for node in ast.walk(tree):  # TYPE_CHECKING blocks: annotations only, never executed
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for child in node.body for n in ast.walk(child)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            yield name
+            for alias in node.names:  # "from pkg import module"
+                yield f"{name}.{alias.name}"
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the project modules it imports (packages kernel, serving, phases under ``root``)."""
+    paths = {_module_name(p, root): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        targets = set()
+        for name in _imports(tree, module, path.name == "__init__.py"):
+            if name in paths and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} imports {b}: {why}" for a, targets in graph.items() for b in targets
+                  if (why := allowed(a, b)) is not None)
+
+
+def test_the_campaign_keeps_its_layers():
+    assert violations(import_graph()) == []
+
+
+def test_serving_and_phases_have_no_import_cycle():
+    graph = {a: {b for b in t if not b.startswith("kernel")} for a, t in import_graph().items() if not a.startswith("kernel")}
+    # A package's __init__ re-exporting its modules is not a cycle of behaviour: drop package -> own module edges.
+    graph = {a: {b for b in t if not b.startswith(a + ".")} for a, t in graph.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+@pytest.mark.parametrize("source, line, rule", [
+    ("serving/graphs/runner.py", "from serving.defrag import Defragmenter", "peers"),
+    ("serving/engine/engine.py", "from serving.graphs import CudaGraphs", "below"),
+    ("serving/engine/tree.py", "from kernel.reference import tree_mask_from_parents", "oracle"),
+    ("phases/backend/verify.py", "from phases.cudagraph.decode_speed import label", "peers"),
+    ("phases/common/greedy.py", "import phases.defrag.common", "peers"),
+    ("kernel/plan.py", "from serving.engine.batch import StepBatch", "below"),
+])
+def test_a_planted_import_breaks_a_rule(tmp_path, source, line, rule):
+    """A copy of the packages with one import planted: the check names it."""
+    import shutil
+
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.md", "*.json"))
+    target = tmp_path / source
+    target.write_text(target.read_text() + f"\n\ndef _planted():\n    {line}\n")
+    found = violations(import_graph(tmp_path))
+    assert len(found) == 1 and found[0].startswith(_module_name(target, tmp_path)) and rule in found[0]
