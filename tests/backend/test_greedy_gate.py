@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from phases.backend import verify
+from phases.common.greedy import compare
 from serving.engine.engine import Request
 
 gpu = pytest.mark.gpu
@@ -24,10 +25,10 @@ def test_greedy_gate_cpu_profile_passes():
 
 def test_compare_counts_real_mismatches_and_separates_near_ties():
     ref = Request(1, [0], 5, output=[1, 2, 3, 4, 5], tie_flags=[False, False, True, False, False])
-    assert verify.compare(ref, Request(2, [0], 5, output=[1, 2, 3, 4, 5])) == (0, 0)
-    assert verify.compare(ref, Request(2, [0], 5, output=[1, 9, 3, 4, 5])) == (4, 0)
-    assert verify.compare(ref, Request(2, [0], 5, output=[1, 2, 9, 9, 9])) == (0, 1)
-    assert verify.compare(ref, Request(2, [0], 5, output=[1, 2, 3])) == (2, 0)
+    assert compare(ref, Request(2, [0], 5, output=[1, 2, 3, 4, 5])) == (0, 0)
+    assert compare(ref, Request(2, [0], 5, output=[1, 9, 3, 4, 5])) == (4, 0)
+    assert compare(ref, Request(2, [0], 5, output=[1, 2, 9, 9, 9])) == (0, 1)
+    assert compare(ref, Request(2, [0], 5, output=[1, 2, 3])) == (2, 0)
 
 
 @gpu
