@@ -24,7 +24,7 @@ from typing import Any
 from runner.errors import ResultsError
 from runner.plan.order import ordered_gates
 from runner.plan.schema import Phase, Plan
-from runner.records.results import ResultsFile, check_thresholds, plan_problems
+from runner.records.results import GateResult, ResultsFile, check_thresholds, plan_problems
 
 VERDICT_FIELDS = ("kind", "run", "call", "args", "env", "requires", "timeout", "expect")
 
@@ -92,6 +92,7 @@ def load_matching_results(
                  "folder's results.json, not one written by runner gate --out)"
                  for gate in phase_results.gates if gate.artifact_files]
     problems += plan_problems(phase_results.gates, ordered_gates(phase))
+    problems += unexplained_skips(phase_results.gates)
     for gate in phase.gates:
         result = recorded.get(gate.name)
         if result is None:
@@ -111,6 +112,27 @@ def load_matching_results(
     ]
     phases = [p.model_copy(update={"gates": gates}) if p.phase == phase.id else p for p in results.phases]
     return results.model_copy(update={"phases": phases})
+
+
+def unexplained_skips(gates: list[GateResult]) -> list[str]:
+    """The ``SKIPPED`` gates among ``gates`` (in run order) that no run could have skipped.
+
+    A run skips a gate only after an earlier gate failed or errored, or, for a benchmark, after
+    a verify gate did not pass (``runner.gates.execute.run_steps``); the plan has no way to let a
+    gate be skipped otherwise. So a gate rewritten as ``SKIPPED`` cannot turn a failed phase
+    into a pass: every gate the plan defines must pass for a checkpoint."""
+    problems = []
+    stopped = unverified = False
+    for gate in gates:
+        if gate.outcome == "SKIPPED" and not (stopped or (gate.kind == "benchmark" and unverified)):
+            problems.append(
+                f"gate {gate.name!r} is SKIPPED, but no gate before it failed or errored (nor, for a "
+                "benchmark, a verify gate before it did not pass): a run skips a gate only then, and "
+                "every gate of the plan must pass for a checkpoint; run the gates again"
+            )
+        stopped = stopped or gate.outcome in ("FAIL", "ERROR")
+        unverified = unverified or (gate.kind == "verify" and gate.outcome != "PASS")
+    return problems
 
 
 def _short(value: object) -> str:
