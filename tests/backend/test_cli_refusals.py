@@ -74,6 +74,8 @@ def assert_one_error_line(err: str, message: str) -> None:
         (("--prompt", "1", "--eos-token-id", 3, "--ignore-eos"), "Expected either --eos-token-id or --ignore-eos, got both"),
         (("--prompt", "hello there"), "Expected token ids like '1,2,3' (no tokenizer.json for text), got 'hello there'"),
         ((), "Expected at least one --prompt or --random-prompt, got none"),
+        (("--prompt", "1", "--speculate", "tree:4x4:layers=999"), "Expected layers=K with K <= the model's 2 layers"),
+        (("--prompt", "1", "--speculate", "ngram:1x1:n=0"), "Expected 1 <= min_n <= n for the n-gram drafter"),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(capsys, args, message):
