@@ -18,6 +18,7 @@ Decisions:
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from runner.errors import ResultsError
 from runner.plan.order import ordered_gates
 from runner.plan.schema import Phase, Plan
 from runner.records.results import GateResult, ResultsFile, check_thresholds, plan_problems
+from runner.timeutil import iso_time
 
 VERDICT_FIELDS = ("kind", "run", "call", "args", "env", "requires", "timeout", "expect")
 
@@ -87,7 +89,8 @@ def load_matching_results(
         )
     phase_results = results.phase(phase.id)
     recorded = {gate.name: gate for gate in phase_results.gates}
-    problems: list[str] = definition_problems(phase_results.definitions, phase)
+    problems: list[str] = identity_problems(results)
+    problems += definition_problems(phase_results.definitions, phase)
     problems += [f"gate {gate.name!r}: names artifact files instead of carrying their text (a run "
                  "folder's results.json, not one written by runner gate --out)"
                  for gate in phase_results.gates if gate.artifact_files]
@@ -112,6 +115,25 @@ def load_matching_results(
     ]
     phases = [p.model_copy(update={"gates": gates}) if p.phase == phase.id else p for p in results.phases]
     return results.model_copy(update={"phases": phases})
+
+
+def identity_problems(results: ResultsFile) -> list[str]:
+    """How the run id of ``results`` disagrees with what it names: a run id is the run's start
+    time and the first 8 hex digits of its tree fingerprint (``runner.runs.new_run_id``), and
+    ``created`` is that same moment, so a run id or time edited by hand shows."""
+    problems = []
+    stamp, _, digest = results.run_id.partition("-")
+    tree = results.fingerprint.partition(":")[2][:8]
+    if digest != tree:
+        problems.append(f"run id {results.run_id} ends in {digest}, but a run of tree {results.fingerprint[:15]}... "
+                        f"is named ...-{tree}")
+    try:
+        moment = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return [*problems, f"run id {results.run_id} does not start with a real UTC time"]
+    if results.created != iso_time(moment):
+        problems.append(f"created {results.created} is not the time of run id {results.run_id} ({iso_time(moment)})")
+    return problems
 
 
 def unexplained_skips(gates: list[GateResult]) -> list[str]:
