@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 KINDS = ("extend", "decode", "verify")
+MTP_MODES = ("", "after", "only")
 
 
 @dataclass
@@ -38,6 +39,10 @@ class StepEntry:
     tokens, positions: the new tokens (T_b of each).
     parents: verify only, int [T_b]: the parent of each new token among them (-1 for the
         root, which is token 0); the tree mask and acceptance come from it.
+    hidden_src, hidden_dst: an MTP chain step's rows of ``MTPState.hidden`` to read the
+        module's input state from and to write its output state to (0: the padding row).
+    lookahead: an MTP extend's token after the entry's last one (the next chunk's first);
+        None: the target's own choice there (the prompt's end).
     """
 
     row: int
@@ -46,6 +51,9 @@ class StepEntry:
     tokens: list[int]
     positions: list[int]
     parents: list[int] | None = None
+    hidden_src: int = 0
+    hidden_dst: int = 0
+    lookahead: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +73,10 @@ class StepBatch:
     accept: greedy acceptance of the drafts on the device, and the accepted slots written to
         the slot table (a decode / verify step of the target model).
     logits_rows: extend only, rows to return logits for (None: every row).
+    mtp: what the step runs of the model's MTP module (``serving.engine.mtp``): "" none;
+        "after" the target's step, then the module over its rows (its latent rows, and its
+        top-``topk`` tokens after each entry's last accepted token); "only" the module alone
+        (a drafter's chain step, reading and writing ``MTPState.hidden``).
     """
 
     kind: str
@@ -73,10 +85,13 @@ class StepBatch:
     topk: int = 0
     accept: bool = False
     logits_rows: list[int] | None = None
+    mtp: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"Expected kind in {KINDS}, got {self.kind!r}")
+        if self.mtp not in MTP_MODES:
+            raise ValueError(f"Expected mtp in {MTP_MODES}, got {self.mtp!r}")
         if not self.entries:
             raise ValueError("Expected at least one entry in a step, got none")
         for b, e in enumerate(self.entries):
@@ -153,7 +168,7 @@ class StepLayout:
         """(int64 fields, int32 fields, bool fields) -> element counts, in packing order."""
         b, n, g = self.batch, self.tokens, self.batch * self.width
         i64 = {"input_ids": n, "positions": n, "out_slots": n, "rows": b, "prefix_lens": b,
-               "grid_rows": g, "grid_parents": g, "grid_depth": g}
+               "grid_rows": g, "grid_parents": g, "grid_depth": g, "hidden_src": b, "hidden_dst": b}
         i32 = {"qo_indptr": b + 1, "kv_indptr": b + 1, "tail_indptr": b + 1, "tails": self.tails}
         flags = {"tree_mask": self.mask, "grid_valid": g, "grid_anc": g * self.width}
         return i64, i32, flags
@@ -225,6 +240,9 @@ class PackedStep:
         a["out_slots"][:n] = [x for e in entries for x in e.tail[len(e.tail) - e.num_tokens :]]
         a["rows"][:b] = [e.row for e in entries]
         a["prefix_lens"][:b] = [e.prefix_len for e in entries]
+        if step.mtp == "only":
+            a["hidden_src"][:b] = [e.hidden_src for e in entries]
+            a["hidden_dst"][:b] = [e.hidden_dst for e in entries]
         qo, kv, ti = a["qo_indptr"], a["kv_indptr"], a["tail_indptr"]
         np.cumsum(t_lens, out=qo[1 : b + 1])
         np.cumsum([e.kv_len for e in entries], out=kv[1 : b + 1])

@@ -13,6 +13,8 @@ Decisions:
   or -1 is a ``ConfigError`` naming the key instead of silently wrong tokens.
 - Files are read defensively: the folder must be a directory, ``config.json`` a regular file of
   at most ``MAX_JSON_BYTES`` holding one JSON object; every error names the path.
+- ``num_nextn_predict_layers`` (DeepSeek's multi-token-prediction module, the ``mtp:``
+  drafter) is read; the first module is served, as SGLang and vLLM do.
 - The end-of-sequence ids follow transformers' ``generate``: ``generation_config.json``'s
   ``eos_token_id`` when that file exists (absent key: none), else ``config.json``'s.
 """
@@ -35,7 +37,7 @@ IGNORED_KEYS = frozenset(
         "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "use_cache",
         "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
         "pretraining_tp", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux",
-        "num_nextn_predict_layers", "auto_map", "ep_size", "moe_layer_freq", "head_dim", "qk_head_dim",
+        "auto_map", "ep_size", "moe_layer_freq", "head_dim", "qk_head_dim",
         "num_key_value_heads", "tie_word_embeddings", "_name_or_path", "return_dict", "output_hidden_states",
         "output_attentions", "id2label", "label2id", "problem_type", "chunk_size_feed_forward",
         "is_encoder_decoder", "tokenizer_class", "max_window_layers", "use_sliding_window", "sliding_window",
@@ -49,7 +51,7 @@ MODEL_KEYS = frozenset(
         "n_group", "topk_group", "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob",
         "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
         "rope_parameters", "rope_interleave", "attention_bias", "scoring_func", "topk_method",
-        "quantization_config",
+        "quantization_config", "num_nextn_predict_layers",
     }
 )
 ROPE_TYPES = ("default", "yarn")
@@ -59,7 +61,8 @@ POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
                  "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "max_position_embeddings",
                  "n_group", "topk_group")
 OPTIONAL_POSITIVE_INTS = ("q_lora_rank", "n_routed_experts")  # null: no q LoRA / a dense model
-NON_NEGATIVE_INTS = ("moe_intermediate_size", "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace")
+NON_NEGATIVE_INTS = ("moe_intermediate_size", "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace",
+                     "num_nextn_predict_layers")
 POSITIVE_FLOATS = ("rms_norm_eps", "routed_scaling_factor")
 BOOLS = ("norm_topk_prob", "rope_interleave", "attention_bias", "tie_word_embeddings")
 
@@ -113,6 +116,7 @@ class ModelConfig:
     rope_interleave: bool = True
     attention_bias: bool = False
     tie_word_embeddings: bool = False
+    num_nextn_predict_layers: int = 0
     rope: RopeConfig = field(default_factory=RopeConfig)
 
     @property
@@ -123,6 +127,22 @@ class ModelConfig:
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the checkpoint carries a multi-token-prediction module (DeepSeek's MTP, at
+        layer index ``num_hidden_layers``); only the first of several is served."""
+        return self.num_nextn_predict_layers > 0
+
+    @property
+    def mtp_layer(self) -> int:
+        """The MTP module's layer index (its weights' ``model.layers.{N}.`` and its pool layer)."""
+        return self.num_hidden_layers
+
+    @property
+    def block_layers(self) -> int:
+        """Decoder blocks the engine holds: the target's, and the MTP module's when it has one."""
+        return self.num_hidden_layers + (1 if self.has_mtp else 0)
 
     def is_moe_layer(self, layer: int) -> bool:
         return bool(self.n_routed_experts) and layer >= self.first_k_dense_replace
@@ -179,7 +199,7 @@ class ModelConfig:
             if cfg.num_experts_per_tok > cfg.topk_group * (cfg.n_routed_experts // cfg.n_group):
                 raise ConfigError(f"Expected num_experts_per_tok <= topk_group x experts per group "
                                   f"({cfg.topk_group * (cfg.n_routed_experts // cfg.n_group)}), got {cfg.num_experts_per_tok}")
-            if cfg.moe_intermediate_size < 1 and cfg.first_k_dense_replace < cfg.num_hidden_layers:
+            if cfg.moe_intermediate_size < 1 and cfg.first_k_dense_replace < cfg.block_layers:
                 raise ConfigError(f"Expected a positive moe_intermediate_size for the MoE layers, got {cfg.moe_intermediate_size}")
         return cfg
 

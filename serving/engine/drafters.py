@@ -6,6 +6,9 @@
   freed before the verify step.
 - ``NgramDrafter``: prompt lookup; continuations of the latest earlier occurrences of the
   history's last n-gram.
+- ``MTPDrafter``: DeepSeek's multi-token-prediction module, the draft model the checkpoints
+  ship: its first level is computed by the target's own steps (``serving.engine.mtp``), deeper
+  levels by chain steps of the module alone.
 
 A tree of ``width x depth`` is ``width`` chains of ``depth`` tokens below the root (merged
 where they share a prefix), at most 63 drafts so root + drafts fit the kernel's T <= 64.
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.kv_pool import PoolExhausted
 from serving.engine.model_runner import StepShape
+from serving.engine.mtp import MAX_MTP_WIDTH
 from serving.engine.tree import MAX_DRAFT_TOKENS, DraftTree
 
 if TYPE_CHECKING:
@@ -86,12 +90,15 @@ class Drafter(Protocol):
     """Proposes a draft tree per request for one verify step.
 
     max_drafts: the most draft tokens of one tree (the verify step is 1 + max_drafts wide).
+    fused_topk: the top tokens of the model's MTP module that every target step computes
+        after each request's last token (``StepBatch.mtp == "after"``); 0: none.
     draft_steps(num_layers): the device steps ``propose`` issues on a model of that depth.
     propose(ctx, requests): one tree per request, in order; every slot it allocated is freed
     (or kept as its own rows) before it returns.
     """
 
     max_drafts: int
+    fused_topk: int
 
     def draft_steps(self, num_layers: int) -> list[DraftStep]: ...
 
@@ -113,6 +120,7 @@ class NgramDrafter:
             raise ValueError(f"Expected 1 <= min_n <= n for the n-gram drafter, got n={max_n}, min_n={min_n}")
         self.width, self.depth, self.max_n, self.min_n = width, depth, max_n, min_n
         self.max_drafts = min(width * depth, MAX_DRAFT_TOKENS)
+        self.fused_topk = 0
 
     def draft_steps(self, num_layers: int) -> list[DraftStep]:
         return []  # host lookups only
@@ -144,6 +152,7 @@ class LayerSkipDrafter:
             raise ValueError(f"Expected layers >= 1 for the layer-skip drafter, got {layers}")
         self.width, self.depth, self.layers = width, depth, layers
         self.max_drafts = min(width * depth, MAX_DRAFT_TOKENS)
+        self.fused_topk = 0
 
     def draft_steps(self, num_layers: int) -> list[DraftStep]:
         if self.layers > num_layers:
@@ -187,17 +196,73 @@ class LayerSkipDrafter:
         return [DraftTree.from_paths(chains[b * width : (b + 1) * width]) for b in range(len(requests))]
 
 
-_SPEC = re.compile(r"^(tree|ngram):(\d+)x(\d+)(?::(\w+)=(\d+))?$")
+class MTPDrafter:
+    """Drafts with the model's MTP module: the top-``width`` tokens after the request's last
+    one (from the target's previous step), each chained greedily to ``depth`` tokens by the
+    module re-fed its own output state (SGLang's NextN; ``width`` 1 is its chain). If the pool
+    cannot hold the chains' scratch rows, drafts only the first level."""
+
+    def __init__(self, width: int = 1, depth: int = 3) -> None:
+        _check_shape(width, depth)
+        if width > MAX_MTP_WIDTH:
+            raise ValueError(f"Expected an MTP tree of width <= {MAX_MTP_WIDTH}, got mtp:{width}x{depth}")
+        self.width, self.depth = width, depth
+        self.max_drafts = width * depth
+        self.fused_topk = width
+
+    def draft_steps(self, num_layers: int) -> list[DraftStep]:
+        if self.depth == 1:
+            return []  # the first level comes with the target's steps
+        return [DraftStep("mtp-chain", StepShape("decode", None, 1, 0, False, "only"), tail=self.depth - 1, copies=self.width)]
+
+    def propose(self, ctx: DraftContext, requests: Sequence[DraftRequest]) -> list[DraftTree]:
+        pool, table, runner = ctx.pool, ctx.pool.table, ctx.runner
+        state = runner.mtp
+        rows = [table.row(r.req_id) for r in requests]
+        firsts = [state.candidates.get(row, [])[: self.width] for row in rows]
+        chains = [[t] for first in firsts for t in first]
+        owners = [b for b, first in enumerate(firsts) for _ in first]
+        if self.depth == 1 or not chains:
+            return [DraftTree.from_paths([[t] for t in first]) for first in firsts]
+        try:
+            scratch = pool.alloc(len(chains) * (self.depth - 1))
+        except PoolExhausted:
+            return [DraftTree.from_paths([[t] for t in first]) for first in firsts]
+        try:
+            lengths = [table.length(r.req_id) for r in requests]
+            slots = [scratch[i * (self.depth - 1) : (i + 1) * (self.depth - 1)] for i in range(len(chains))]
+            for k in range(1, self.depth):
+                batch = StepBatch("decode", [
+                    StepEntry(rows[o], lengths[o], slots[i][:k], [chains[i][-1]], [lengths[o] + k - 1],
+                              hidden_src=rows[o] if k == 1 else state.chain_row(i), hidden_dst=state.chain_row(i))
+                    for i, o in enumerate(owners)
+                ], mtp="only")
+                for c, t in zip(chains, runner.run(batch).pred):
+                    c.append(t[0])
+        finally:
+            pool.free(scratch)
+        paths: list[list[list[int]]] = [[] for _ in requests]
+        for c, o in zip(chains, owners):
+            paths[o].append(c)
+        return [DraftTree.from_paths(p) for p in paths]
+
+
+_SPEC = re.compile(r"^(tree|ngram|mtp):(\d+)x(\d+)(?::(\w+)=(\d+))?$")
 
 
 def parse_speculate(spec: str | None) -> Drafter | None:
-    """``tree:WxD[:layers=K]`` (layer-skip drafter) or ``ngram:WxD[:n=N]``; None or "none": no drafter."""
+    """``tree:WxD[:layers=K]`` (layer-skip drafter), ``ngram:WxD[:n=N]`` or ``mtp:WxD`` (the
+    model's MTP module); None or "none": no drafter."""
     if spec in (None, "", "none"):
         return None
     m = _SPEC.match(spec)
     if not m:
-        raise ValueError(f"Expected --speculate tree:WxD[:layers=K] or ngram:WxD[:n=N], got {spec!r}")
+        raise ValueError(f"Expected --speculate tree:WxD[:layers=K], ngram:WxD[:n=N] or mtp:WxD, got {spec!r}")
     kind, width, depth, key, value = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5)
+    if kind == "mtp":
+        if key is not None:
+            raise ValueError(f"Expected no option for mtp speculation (mtp:WxD), got {key}")
+        return MTPDrafter(width, depth)
     if kind == "tree":
         if key not in (None, "layers"):
             raise ValueError(f"Expected option layers=K for tree speculation, got {key}")

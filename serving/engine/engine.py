@@ -127,6 +127,11 @@ class Engine:
         self.profile = profile
         self.stats = StepStats()
         self.between_steps = tuple(between_steps)
+        # The MTP drafter's first level rides on the target's steps (serving.engine.mtp).
+        self.mtp_topk = drafter.fused_topk if drafter is not None else 0
+        if self.mtp_topk and runner.mtp is None:
+            raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers >= 1) for an mtp: drafter, got one without")
+        self._mtp = "after" if self.mtp_topk else ""
 
     @property
     def model(self) -> DeepseekV3Model:
@@ -202,8 +207,10 @@ class Engine:
                 slots = self.pool.alloc(end - start)
             except PoolExhausted as exc:
                 return self._fail(req, str(exc))
-            entry = StepEntry(table.row(req.req_id), start, slots, req.prompt[start:end], list(range(start, end)))
-            logits = self.runner.extend(StepBatch("extend", [entry], logits_rows=[end - start - 1] if end == n else []))
+            entry = StepEntry(table.row(req.req_id), start, slots, req.prompt[start:end], list(range(start, end)),
+                              lookahead=req.prompt[end] if end < n else None)
+            logits = self.runner.extend(StepBatch("extend", [entry], logits_rows=[end - start - 1] if end == n else [],
+                                                  mtp=self._mtp, topk=self.mtp_topk))
             table.append(req.req_id, slots)
             if progress is not None:
                 progress(end, n)
@@ -239,9 +246,10 @@ class Engine:
 
     # ---- decode / verify ---------------------------------------------------------------
 
-    def _fitting_tree(self, req: Request, tree: DraftTree) -> DraftTree:
-        """``tree`` cut to the slots the pool and the request's row can take (root included)."""
-        room = min(self.pool.allocator.num_free, self.pool.table.max_context - self.pool.table.length(req.req_id)) - 1
+    def _fitting_tree(self, req: Request, tree: DraftTree, reserve: int = 0) -> DraftTree:
+        """``tree`` cut to the slots the pool and the request's row can take (root included),
+        leaving ``reserve`` free slots (the roots of the batch's requests after this one)."""
+        room = min(self.pool.allocator.num_free - reserve, self.pool.table.max_context - self.pool.table.length(req.req_id)) - 1
         if len(tree) <= room:
             return tree
         keep = max(0, room)
@@ -259,11 +267,11 @@ class Engine:
         t0 = time.perf_counter()
         trees = self.drafter.propose(DraftContext(self.runner), live) if self.drafter is not None else [DraftTree() for _ in live]
         entries = []
-        for req, tree in zip(live, trees):
+        for k, (req, tree) in enumerate(zip(live, trees)):
             if self.pool.table.length(req.req_id) >= self.pool.table.max_context:
                 self._fail(req, f"request reached the slot table's max_context ({self.pool.table.max_context} tokens)")
                 continue
-            tree = self._fitting_tree(req, tree)
+            tree = self._fitting_tree(req, tree, reserve=len(live) - k - 1)
             try:
                 slots = self.pool.alloc(1 + len(tree))
             except PoolExhausted as exc:
@@ -282,7 +290,7 @@ class Engine:
                 [base] + [base + d for d in tree.depths()],
                 [-1] + [0 if p < 0 else p + 1 for p in tree.parents] if kind == "verify" else None,
             ))
-        result = self.runner.run(StepBatch(kind, step_entries, accept=True))
+        result = self.runner.run(StepBatch(kind, step_entries, accept=True, mtp=self._mtp, topk=self.mtp_topk))
         for b, (req, tree, slots) in enumerate(entries):
             path = result.path[b]
             keep = [slots[cell] for cell in path]

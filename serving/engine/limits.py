@@ -90,7 +90,7 @@ def count_parameters(cfg: ModelConfig) -> Parameters:
             attn, attn_tensors = attn + q, attn_tensors + 1
     if cfg.attention_bias:
         attn, attn_tensors = attn + latent + h, attn_tensors + 2
-    layers = cfg.num_hidden_layers
+    layers = cfg.block_layers  # the MTP module's block included
     moe_layers = max(0, layers - cfg.first_k_dense_replace) if cfg.n_routed_experts else 0
     dense_layers = layers - moe_layers
     experts, inter = cfg.n_routed_experts or 0, cfg.moe_intermediate_size
@@ -100,6 +100,9 @@ def count_parameters(cfg: ModelConfig) -> Parameters:
     model = head + h + layers * (2 * h + attn) + dense_layers * 3 * cfg.intermediate_size * h + moe_layers * moe
     fp32 = moe_layers * (experts * h + experts)
     tensors = 2 + (0 if cfg.tie_word_embeddings else 1) + layers * (2 + attn_tensors) + dense_layers * 3 + moe_layers * moe_tensors
+    if cfg.has_mtp:  # enorm, hnorm, eh_proj, shared_head.norm, shared_head.head
+        model += 3 * h + 2 * h * h + cfg.vocab_size * h
+        tensors += 5
     largest = max(cfg.vocab_size * h, q_out * max(h, cfg.q_lora_rank or 0), heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * r,
                   h * heads * cfg.v_head_dim, cfg.intermediate_size * h if dense_layers else 0,
                   experts * 2 * inter * h if moe_layers else 0, 3 * inter * cfg.n_shared_experts * h if moe_layers else 0)
@@ -163,10 +166,10 @@ def estimate(
     params = count_parameters(cfg)
     h, heads, latent = cfg.hidden_size, cfg.num_attention_heads, cfg.latent_dim
     kv_b = heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * cfg.kv_lora_rank
-    moe_layers = cfg.num_hidden_layers > cfg.first_k_dense_replace and bool(cfg.n_routed_experts)
+    moe_layers = cfg.block_layers > cfg.first_k_dense_replace and bool(cfg.n_routed_experts)
     stacking = 2 * (cfg.n_routed_experts or 0) * 3 * cfg.moe_intermediate_size * h * a if moe_layers else 0
-    weights = params.model * a + params.fp32 * f32 + cfg.num_hidden_layers * kv_b * a + stacking
-    pool = pool_slots * cfg.num_hidden_layers * latent * _size(pool_dtype)
+    weights = params.model * a + params.fp32 * f32 + cfg.block_layers * kv_b * a + stacking
+    pool = pool_slots * cfg.block_layers * latent * _size(pool_dtype)
 
     longest = max(prompt_lens, default=0)
     chunk = min(prefill_chunk, longest)
@@ -186,7 +189,7 @@ def estimate(
     if random_weights and device.type == "cpu" and dtype == torch.float32:
         staging = 0  # the float32 draws are the weights
     host = staging + params.tensors * TENSOR_BOOKKEEPING + sum(prompt_lens) * PROMPT_TOKEN_BOOKKEEPING
-    return Footprint(device, weights, pool, activations, host, params.total, dtype, pool_slots, cfg.num_hidden_layers,
+    return Footprint(device, weights, pool, activations, host, params.total, dtype, pool_slots, cfg.block_layers,
                      latent, pool_dtype, chunk, longest, prefill, step_context, step)
 
 

@@ -9,6 +9,9 @@ Decisions:
   space, attention over latent rows, output through W_UV).
 - ``num_layers`` runs only the first layers and then the final norm and head: the
   layer-skip drafter is the target's own first layers (same weights, same pool rows).
+- DeepSeek's multi-token-prediction (MTP) module, when the checkpoint has one, is block
+  ``num_hidden_layers`` (``mtp_forward``): its latent rows are the pool's last layer, so the
+  pool's slots, the slot table, defrag moves and graph capture cover them like any layer's.
 - MoE routing is transformers' ``DeepseekV3TopkRouter`` (sigmoid scores,
   ``e_score_correction_bias`` for choice only, group-limited top-k, ``norm_topk_prob``,
   ``routed_scaling_factor``) with float32 router math.
@@ -86,7 +89,7 @@ class DeepseekV3Model:
         self.w_uk: list[torch.Tensor] = []  # [local heads, nope, r] per layer
         self.w_uv: list[torch.Tensor] = []  # [local heads, v, r] per layer
         self.experts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for i in range(cfg.num_hidden_layers):
+        for i in range(cfg.block_layers):
             kvb = weights[f"model.layers.{i}.self_attn.kv_b_proj.weight"].view(h, nope + v, cfg.kv_lora_rank)
             self.w_uk.append(kvb[:, :nope].contiguous())
             self.w_uv.append(kvb[:, nope:].contiguous())
@@ -102,10 +105,14 @@ class DeepseekV3Model:
         # This rank's vocab rows (untied: already its part of lm_head.weight).
         self.lm_head = self.tp.vocab_rows(weights["model.embed_tokens.weight"], cfg.vocab_size) if cfg.tie_word_embeddings \
             else weights["lm_head.weight"]
+        if cfg.has_mtp:
+            m = f"model.layers.{cfg.mtp_layer}."
+            # The module's own copy of the embeddings when the checkpoint has one (DeepSeek-V3's does).
+            self.mtp_embed = weights.get(m + "embed_tokens.weight", weights["model.embed_tokens.weight"])
         # Projections of the same input as one matrix (one GEMM launch instead of two, the same
         # bytes read); the named weights become views of it.
         self.fused: dict[str, torch.Tensor] = {}
-        for i in range(cfg.num_hidden_layers):
+        for i in range(cfg.block_layers):
             a = f"model.layers.{i}.self_attn."
             if cfg.q_lora_rank is not None and not cfg.attention_bias:
                 self._fuse(a + "q_a_kv_a", [a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"])
@@ -136,13 +143,22 @@ class DeepseekV3Model:
     def num_layers(self) -> int:
         return self.cfg.num_hidden_layers
 
+    @property
+    def has_mtp(self) -> bool:
+        return self.cfg.has_mtp
+
+    @property
+    def pool_layers(self) -> int:
+        """Layers of latent rows a pool for this model holds: the target's, then the MTP module's."""
+        return self.cfg.block_layers
+
     def new_pool(self, num_slots: int, dtype: torch.dtype | None = None, max_requests: int = 256,
                  max_context: int | None = None) -> KVPool:
         """A pool with one row of ``latent_dim`` per slot for every layer; its slot table holds
         ``max_requests`` requests of up to ``max_context`` tokens (default: the pool's slots, at
         most ``max_position_embeddings``)."""
         context = max_context or min(num_slots, self.cfg.max_position_embeddings)
-        return KVPool(self.num_layers, num_slots, self.cfg.latent_dim, dtype or self.dtype, self.device,
+        return KVPool(self.pool_layers, num_slots, self.cfg.latent_dim, dtype or self.dtype, self.device,
                       max_requests=max_requests, max_context=context)
 
     # ---- layers -------------------------------------------------------------------------
@@ -240,7 +256,8 @@ class DeepseekV3Model:
         backend: AttentionBackend,
         logits_rows: torch.Tensor | None = None,
         num_layers: int | None = None,
-    ) -> torch.Tensor:
+        return_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the batch; write its latent rows to ``pool``; return float32 logits.
 
         The attention metadata must be planned (``backend.init_forward_metadata``) and the
@@ -248,7 +265,8 @@ class DeepseekV3Model:
         queues device work (apart from an extend batch's expert grouping).
         logits_rows: int64 [M] rows of the batch to compute logits for (default: all N).
         num_layers: run only the first ``num_layers`` layers (default: all).
-        Returns float32 [M, vocab_size].
+        Returns float32 [M, vocab_size]; with ``return_hidden`` also the final-normed hidden
+        states of every row [N, hidden] (the MTP module's input, as SGLang and vLLM feed it).
         """
         cfg = self.cfg
         grouped = batch.kind == "extend"
@@ -262,8 +280,39 @@ class DeepseekV3Model:
             h, x = add_rms_norm(attn, x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)  # x += attn
             mlp = self.tp.all_reduce(self._moe(h, i, grouped) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
             after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < layers else "model.norm.weight"
-            if logits_rows is None or i + 1 < layers:
+            if logits_rows is None or i + 1 < layers or return_hidden:
                 h, x = add_rms_norm(mlp, x, self.w[after], cfg.rms_norm_eps)  # x += mlp, then the next norm
             else:
                 h = rms_norm((x + mlp)[logits_rows], self.w[after], cfg.rms_norm_eps)
+        if return_hidden:
+            rows = h if logits_rows is None else h[logits_rows]
+            return self.tp.gather_vocab(F.linear(rows, self.lm_head), cfg.vocab_size).float(), h
         return self.tp.gather_vocab(F.linear(h, self.lm_head), cfg.vocab_size).float()
+
+    def mtp_forward(self, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend, hidden: torch.Tensor,
+                    next_ids: torch.Tensor, logits_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek's multi-token-prediction module over the batch's rows (DeepSeek-V3 report, §2.2).
+
+        Row r at position p pairs ``hidden[r]`` (the target's final-normed state after the token
+        at p, or the module's own output when chaining) with ``next_ids[r]`` (the token at p + 1):
+        ``eh_proj([enorm(embed(next)); hnorm(hidden)])``, one decoder block whose latent rows go to
+        the pool's layer ``mtp_layer`` at the batch's slots, then ``shared_head``. Positions,
+        slots, masks and the attention plan are the batch's own.
+        Returns (float32 logits of ``logits_rows`` [M, vocab] predicting the token at p + 2, the
+        module's normed output [N, hidden], the next chained step's ``hidden``).
+        """
+        cfg = self.cfg
+        i = cfg.mtp_layer
+        p = f"model.layers.{i}."
+        emb = rms_norm(self.mtp_embed.index_select(0, next_ids), self.w[p + "enorm.weight"], cfg.rms_norm_eps)
+        x = F.linear(torch.cat([emb, rms_norm(hidden.to(self.dtype), self.w[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1),
+                     self.w[p + "eh_proj.weight"])
+        rope_tables = self.rope.tables(batch.positions, x.dtype)
+        h = rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        attn = self.tp.all_reduce(self._attention(h, i, batch, pool, backend, rope_tables))
+        h, x = add_rms_norm(attn, x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        mlp = self.tp.all_reduce(self._moe(h, i, batch.kind == "extend") if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
+        out, _ = add_rms_norm(mlp, x, self.w[p + "shared_head.norm.weight"], cfg.rms_norm_eps)
+        rows = out if logits_rows is None else out[logits_rows]
+        head = self.w[p + "shared_head.head.weight"]
+        return self.tp.gather_vocab(F.linear(rows, head), cfg.vocab_size).float(), out

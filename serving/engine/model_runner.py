@@ -37,6 +37,7 @@ from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
 from serving.engine.kv_indices import build_kv_indices
 from serving.engine.kv_pool import KVPool
 from serving.engine.model import DeepseekV3Model
+from serving.engine.mtp import MTPState
 from serving.engine.tree import MAX_VERIFY_TOKENS
 
 
@@ -49,10 +50,11 @@ class StepShape:
     width: int
     topk: int
     accept: bool
+    mtp: str = ""  # StepBatch.mtp; with "after", topk counts the MTP module's tokens per entry
 
     @staticmethod
     def of(step: StepBatch, width: int | None = None) -> "StepShape":
-        return StepShape(step.kind, step.num_layers, width or step.max_tokens, step.topk, step.accept)
+        return StepShape(step.kind, step.num_layers, width or step.max_tokens, step.topk, step.accept, step.mtp)
 
 
 @dataclass
@@ -63,7 +65,8 @@ class StepResult:
     logit gap and whether it is under one bf16 ulp. topk: each row's top-k ids (drafter).
     n_accepted, path, bonus (``accept``): accepted drafts, the accepted cells in path order
     (root first, then the accepted drafts: indices into the entry's tokens) and the token
-    after the last one.
+    after the last one. mtp_topk (``mtp == "after"``): the MTP module's top tokens after the
+    bonus token, per entry.
     """
 
     pred: list[list[int]]
@@ -73,12 +76,13 @@ class StepResult:
     n_accepted: list[int] | None = None
     path: list[list[int]] | None = None
     bonus: list[int] | None = None
+    mtp_topk: list[list[int]] | None = None
 
 
 def pack_outputs(outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int64 [pred | n_accepted | bonus | order | topk | near_tie], float32 gap) on the device."""
+    """(int64 [pred | n_accepted | bonus | order | topk | mtp_topk | near_tie], float32 gap) on the device."""
     ints = [outputs["pred"]]
-    for name in ("n_accepted", "bonus", "order", "topk"):
+    for name in ("n_accepted", "bonus", "order", "topk", "mtp_topk"):
         if name in outputs:
             ints.append(outputs[name].reshape(-1))
     if "near_tie" in outputs:
@@ -100,15 +104,20 @@ def unpack_outputs(ints: torch.Tensor, gap: torch.Tensor, step: StepBatch, shape
         return values[at - n : at]
 
     pred_all = take(rows)
-    n_acc = bonus = order = topk = None
+    n_acc = bonus = order = topk = mtp_topk = None
     if shape.accept:
         n_acc, bonus, order = take(batch), take(batch), take(batch * shape.width)
-    if shape.topk:
-        topk = take(rows * shape.topk)
+    row_topk = shape.topk if shape.mtp != "after" else 0
+    if row_topk:
+        topk = take(rows * row_topk)
+    if shape.mtp == "after":
+        mtp_topk = take(batch * shape.topk)
     ties = take(rows) if len(values) > at else [0] * rows
     result = StepResult([], [], [])
-    if shape.topk:
+    if row_topk:
         result.topk = []
+    if mtp_topk is not None:
+        result.mtp_topk = [mtp_topk[b * shape.topk : (b + 1) * shape.topk] for b in range(len(step.entries))]
     if shape.accept:
         result.n_accepted, result.path, result.bonus = [], [], []
     start = 0
@@ -117,8 +126,8 @@ def unpack_outputs(ints: torch.Tensor, gap: torch.Tensor, step: StepBatch, shape
         result.pred.append(pred_all[start : start + t])
         result.gap.append(gaps[start : start + t])
         result.near_tie.append([bool(x) for x in ties[start : start + t]])
-        if shape.topk:
-            result.topk.append([topk[(start + i) * shape.topk : (start + i + 1) * shape.topk] for i in range(t)])
+        if row_topk:
+            result.topk.append([topk[(start + i) * row_topk : (start + i + 1) * row_topk] for i in range(t)])
         if shape.accept:
             result.n_accepted.append(n_acc[b])
             result.path.append(order[b * shape.width : b * shape.width + n_acc[b] + 1])
@@ -147,9 +156,13 @@ class ModelRunner:
                  replay: Callable[["ModelRunner"], StepReplay] | None = None) -> None:
         if backend.pool is not pool:
             raise ValueError("Expected the attention backend of this runner's pool, got a backend over another pool")
+        if pool.kv.shape[0] != model.pool_layers:
+            raise ValueError(f"Expected a pool of the model's {model.pool_layers} layers of latent rows, got {pool.kv.shape[0]}")
         self.model, self.pool, self.backend = model, pool, backend
         self.device = model.device
         self.graphs: StepReplay | None = None
+        # The MTP module's state between steps (serving.engine.mtp); None without the module.
+        self.mtp = MTPState(pool.table.rows.shape[0], model.cfg.hidden_size, model.dtype, model.device) if model.has_mtp else None
         # Tables for every position a request can reach, once: a captured step cannot grow them.
         model.rope.ensure(pool.table.max_context + MAX_VERIFY_TOKENS)
         if replay is not None:
@@ -157,8 +170,10 @@ class ModelRunner:
 
     def eager(self) -> "ModelRunner":
         """A runner over the same model, pool and backend that replays nothing (a gate's
-        comparison path); it shares this one's state, not its graphs."""
-        return ModelRunner(self.model, self.pool, self.backend)
+        comparison path); it shares this one's state (the MTP module's too), not its graphs."""
+        other = ModelRunner(self.model, self.pool, self.backend)
+        other.mtp = self.mtp
+        return other
 
     # ---- host side -----------------------------------------------------------------------
 
@@ -196,12 +211,41 @@ class ModelRunner:
         f = batch.fields
         if self.device.type == "cuda":
             self._build_kv_indices(batch)
-        logits = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers)
-        outputs = row_outputs(logits, shape.topk)
+        if shape.mtp == "only":  # a chain step of the MTP module alone
+            state = self._mtp_state()
+            logits, out = self.model.mtp_forward(batch, self.pool, self.backend, state.hidden[f["hidden_src"]], batch.input_ids)
+            state.hidden.index_copy_(0, f["hidden_dst"], out)
+            return pack_outputs(row_outputs(logits, shape.topk))
+        if shape.mtp == "after":
+            logits, hidden = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers, return_hidden=True)
+        else:
+            logits = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers)
+        outputs = row_outputs(logits, shape.topk if shape.mtp != "after" else 0)
         if shape.accept:
             outputs.update(greedy_accept(outputs["pred"], f, shape.width))
             write_accepted_slots(self.pool.table.rows, f, outputs["order"], outputs["n_accepted"], shape.width)
+        if shape.mtp == "after":
+            if not shape.accept:
+                raise ValueError("Expected an accepting target step to run the MTP module after, got accept=False")
+            # The module over every row, fed the target's choice after it; its output at each
+            # entry's last accepted cell (the bonus token's parent) seeds the next tree.
+            state = self._mtp_state()
+            last = outputs["order"].gather(1, outputs["n_accepted"][:, None])
+            sel = f["grid_rows"].view(-1, shape.width).gather(1, last).squeeze(1)
+            mtp_logits, out = self.model.mtp_forward(batch, self.pool, self.backend, hidden, outputs["pred"], logits_rows=sel)
+            state.hidden.index_copy_(0, f["rows"], out.index_select(0, sel))
+            outputs["mtp_topk"] = mtp_logits.topk(shape.topk, dim=-1).indices
         return pack_outputs(outputs)
+
+    def _mtp_state(self) -> MTPState:
+        if self.mtp is None:
+            raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers) for an MTP step, got one without")
+        return self.mtp
+
+    def _keep_candidates(self, step: StepBatch, result: StepResult) -> None:
+        if step.mtp == "after":
+            for e, c in zip(step.entries, result.mtp_topk):
+                self.mtp.candidates[e.row] = c
 
     # ---- steps ---------------------------------------------------------------------------
 
@@ -209,15 +253,15 @@ class ModelRunner:
         """A decode, verify or draft step; graph replay where a captured bucket holds it."""
         if step.kind == "extend":
             raise ValueError("Expected a decode or verify step, got an extend step (use extend())")
-        if self.graphs is not None:
-            result = self.graphs.try_replay(step)
-            if result is not None:
-                return result
-        shape = StepShape.of(step)
-        batch = self.prepare(step)
-        self.backend.init_forward_metadata(batch)
-        ints, gap = self.forward_step(batch, shape)
-        return unpack_outputs(ints.cpu(), gap.cpu(), step, shape, batch.num_tokens, batch.batch_size)
+        result = self.graphs.try_replay(step) if self.graphs is not None else None
+        if result is None:
+            shape = StepShape.of(step)
+            batch = self.prepare(step)
+            self.backend.init_forward_metadata(batch)
+            ints, gap = self.forward_step(batch, shape)
+            result = unpack_outputs(ints.cpu(), gap.cpu(), step, shape, batch.num_tokens, batch.batch_size)
+        self._keep_candidates(step, result)
+        return result
 
     def extend(self, step: StepBatch) -> torch.Tensor | None:
         """A prefill step (eager); returns float32 logits of ``step.logits_rows`` (None: none asked)."""
@@ -229,4 +273,38 @@ class ModelRunner:
         self.backend.init_forward_metadata(batch)
         rows = step.logits_rows
         index = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-        return self.model.forward(batch, self.pool, self.backend, logits_rows=index)
+        if step.mtp != "after":
+            return self.model.forward(batch, self.pool, self.backend, logits_rows=index)
+        logits, hidden = self.model.forward(batch, self.pool, self.backend, logits_rows=index, return_hidden=True)
+        self._mtp_extend(step, batch, logits, hidden, rows)
+        return logits
+
+    def _mtp_extend(self, step: StepBatch, batch: ForwardBatch, logits: torch.Tensor | None, hidden: torch.Tensor,
+                    logits_rows: list[int] | None) -> None:
+        """The MTP module over a prefill chunk: each row fed the prompt's next token (an entry's
+        ``lookahead`` past its end, the target's choice at the prompt's end); at a prompt's end
+        its state and top tokens are kept for the first proposal."""
+        state = self._mtp_state()
+        where = {r: k for k, r in enumerate(range(batch.num_tokens) if logits_rows is None else logits_rows)}
+        next_ids, ends, start = [], [], 0
+        for e in step.entries:
+            next_ids += e.tokens[1:] + [e.lookahead if e.lookahead is not None else 0]
+            end = start + e.num_tokens - 1
+            if e.lookahead is None:
+                if end not in where:
+                    raise ValueError(f"Expected the logits of row {end} (a prompt's end) for the MTP module, got rows {logits_rows}")
+                ends.append((e.row, end))
+            start = end + 1
+        ids = torch.tensor(next_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        if ends:
+            end_rows = torch.tensor([r for _, r in ends], dtype=torch.long, device=self.device)
+            picks = torch.tensor([where[r] for _, r in ends], dtype=torch.long, device=self.device)
+            ids.index_copy_(0, end_rows, logits.index_select(0, picks).argmax(dim=-1))
+        mtp_logits, out = self.model.mtp_forward(batch, self.pool, self.backend, hidden, ids,
+                                                 logits_rows=end_rows if ends else torch.zeros(0, dtype=torch.long, device=self.device))
+        if ends:
+            table_rows = torch.tensor([row for row, _ in ends], dtype=torch.long, device=self.device)
+            state.hidden.index_copy_(0, table_rows, out.index_select(0, end_rows))
+            top = mtp_logits.topk(min(step.topk or 1, mtp_logits.shape[-1]), dim=-1).indices.tolist()
+            for (row, _), c in zip(ends, top):
+                state.candidates[row] = c

@@ -155,7 +155,7 @@ def tensor_shard(name: str, cfg: ModelConfig, size: int, rank: int) -> Shard | N
         total = shared_intermediate(cfg) if shared else cfg.intermediate_size
         start, stop = even_range(total, size, rank, "the shared experts' intermediate size" if shared else "intermediate_size")
         return Shard(1 if name.endswith("down_proj.weight") else 0, start, stop)
-    if name == "lm_head.weight":
+    if name == "lm_head.weight" or name.endswith(".shared_head.head.weight"):  # the MTP module's head too
         start, stop, per = vocab_range(cfg.vocab_size, size, rank)
         return Shard(0, start, stop, pad_to=per)
     return WHOLE

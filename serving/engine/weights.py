@@ -6,8 +6,10 @@ Decisions:
 - Routed experts are accepted per expert (``mlp.experts.{e}.gate_proj.weight``, as
   DeepSeek's checkpoints and ``save_pretrained`` write them) or fused
   (``mlp.experts.gate_up_proj`` [E, 2I, hidden]); either way the engine holds them fused.
-- Layers at or past ``num_hidden_layers`` (DeepSeek's multi-token-prediction layer) are
-  skipped; any other tensor the model does not use is an error.
+- DeepSeek's multi-token-prediction module (layer ``num_hidden_layers``: ``enorm``, ``hnorm``,
+  ``eh_proj``, a decoder block, ``shared_head``; its own ``embed_tokens`` optional) is loaded
+  and checked like any layer when ``num_nextn_predict_layers`` is set, and skipped otherwise;
+  further MTP layers are skipped; any other tensor the model does not use is an error.
 - Nothing is read before every file's header has been checked: the 8-byte header length
   (at most the format's 100 MB), the JSON, each tensor's dtype, shape and data offsets against
   the file's size (contiguous, in order, no gap or overlap, as the safetensors library requires),
@@ -45,49 +47,70 @@ class WeightError(ValueError):
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape for every tensor the engine needs (experts in per-expert form)."""
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    """Tensor name -> shape for every tensor the engine needs (experts in per-expert form),
+    the MTP module's included when the config declares one (``MTP_OPTIONAL`` aside)."""
+    h = cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-        a = p + "self_attn."
-        if cfg.q_lora_rank is None:
-            shapes[a + "q_proj.weight"] = (heads * cfg.qk_head_dim, h)
-        else:
-            shapes[a + "q_a_proj.weight"] = (cfg.q_lora_rank, h)
-            shapes[a + "q_a_layernorm.weight"] = (cfg.q_lora_rank,)
-            shapes[a + "q_b_proj.weight"] = (heads * cfg.qk_head_dim, cfg.q_lora_rank)
-            if cfg.attention_bias:
-                shapes[a + "q_a_proj.bias"] = (cfg.q_lora_rank,)
-        shapes[a + "kv_a_proj_with_mqa.weight"] = (cfg.latent_dim, h)
+    for i in range(cfg.block_layers):
+        shapes.update(block_shapes(cfg, i))
+    if cfg.has_mtp:
+        p = f"model.layers.{cfg.mtp_layer}."
+        shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
+                       p + "shared_head.norm.weight": (h,), p + "shared_head.head.weight": (cfg.vocab_size, h)})
+    return shapes
+
+
+def optional_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Tensors a checkpoint may carry or leave out: the MTP module's own embeddings (DeepSeek-V3
+    ships a copy; without it the module shares the target's ``embed_tokens``)."""
+    if not cfg.has_mtp:
+        return {}
+    return {f"model.layers.{cfg.mtp_layer}.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
+
+
+def block_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of decoder block ``i`` (attention, norms, dense MLP or MoE)."""
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    shapes: dict[str, tuple[int, ...]] = {}
+    p = f"model.layers.{i}."
+    shapes[p + "input_layernorm.weight"] = (h,)
+    shapes[p + "post_attention_layernorm.weight"] = (h,)
+    a = p + "self_attn."
+    if cfg.q_lora_rank is None:
+        shapes[a + "q_proj.weight"] = (heads * cfg.qk_head_dim, h)
+    else:
+        shapes[a + "q_a_proj.weight"] = (cfg.q_lora_rank, h)
+        shapes[a + "q_a_layernorm.weight"] = (cfg.q_lora_rank,)
+        shapes[a + "q_b_proj.weight"] = (heads * cfg.qk_head_dim, cfg.q_lora_rank)
         if cfg.attention_bias:
-            shapes[a + "kv_a_proj_with_mqa.bias"] = (cfg.latent_dim,)
-            shapes[a + "o_proj.bias"] = (h,)
-        shapes[a + "kv_a_layernorm.weight"] = (cfg.kv_lora_rank,)
-        shapes[a + "kv_b_proj.weight"] = (heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
-        shapes[a + "o_proj.weight"] = (h, heads * cfg.v_head_dim)
-        m = p + "mlp."
-        if cfg.is_moe_layer(i):
-            inter = cfg.moe_intermediate_size
-            shapes[m + "gate.weight"] = (cfg.n_routed_experts, h)
-            shapes[m + "gate.e_score_correction_bias"] = (cfg.n_routed_experts,)
-            for e in range(cfg.n_routed_experts):
-                shapes[m + f"experts.{e}.gate_proj.weight"] = (inter, h)
-                shapes[m + f"experts.{e}.up_proj.weight"] = (inter, h)
-                shapes[m + f"experts.{e}.down_proj.weight"] = (h, inter)
-            if cfg.n_shared_experts:
-                shared = inter * cfg.n_shared_experts
-                shapes[m + "shared_experts.gate_proj.weight"] = (shared, h)
-                shapes[m + "shared_experts.up_proj.weight"] = (shared, h)
-                shapes[m + "shared_experts.down_proj.weight"] = (h, shared)
-        else:
-            shapes[m + "gate_proj.weight"] = (cfg.intermediate_size, h)
-            shapes[m + "up_proj.weight"] = (cfg.intermediate_size, h)
-            shapes[m + "down_proj.weight"] = (h, cfg.intermediate_size)
+            shapes[a + "q_a_proj.bias"] = (cfg.q_lora_rank,)
+    shapes[a + "kv_a_proj_with_mqa.weight"] = (cfg.latent_dim, h)
+    if cfg.attention_bias:
+        shapes[a + "kv_a_proj_with_mqa.bias"] = (cfg.latent_dim,)
+        shapes[a + "o_proj.bias"] = (h,)
+    shapes[a + "kv_a_layernorm.weight"] = (cfg.kv_lora_rank,)
+    shapes[a + "kv_b_proj.weight"] = (heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
+    shapes[a + "o_proj.weight"] = (h, heads * cfg.v_head_dim)
+    m = p + "mlp."
+    if cfg.is_moe_layer(i):
+        inter = cfg.moe_intermediate_size
+        shapes[m + "gate.weight"] = (cfg.n_routed_experts, h)
+        shapes[m + "gate.e_score_correction_bias"] = (cfg.n_routed_experts,)
+        for e in range(cfg.n_routed_experts):
+            shapes[m + f"experts.{e}.gate_proj.weight"] = (inter, h)
+            shapes[m + f"experts.{e}.up_proj.weight"] = (inter, h)
+            shapes[m + f"experts.{e}.down_proj.weight"] = (h, inter)
+        if cfg.n_shared_experts:
+            shared = inter * cfg.n_shared_experts
+            shapes[m + "shared_experts.gate_proj.weight"] = (shared, h)
+            shapes[m + "shared_experts.up_proj.weight"] = (shared, h)
+            shapes[m + "shared_experts.down_proj.weight"] = (h, shared)
+    else:
+        shapes[m + "gate_proj.weight"] = (cfg.intermediate_size, h)
+        shapes[m + "up_proj.weight"] = (cfg.intermediate_size, h)
+        shapes[m + "down_proj.weight"] = (h, cfg.intermediate_size)
     return shapes
 
 
@@ -199,16 +222,16 @@ def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[Ten
         raise WeightError(f"Expected a readable model folder {folder}, got: {exc.strerror}") from None
     if not files:
         raise WeightError(f"Expected *.safetensors files in {folder}, got none")
-    expected = expected_shapes(cfg)
-    moe_layers = {i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)}
+    expected = expected_shapes(cfg) | optional_shapes(cfg)
+    moe_layers = {i for i in range(cfg.block_layers) if cfg.is_moe_layer(i)}
     seen: dict[str, Path] = {}
     plan = []
     for path in files:
         wanted = []
         for name, info in read_header(path).items():
             layer = _LAYER.match(name)
-            if layer and int(layer.group(1)) >= cfg.num_hidden_layers:
-                continue  # multi-token-prediction layers: not used for decoding
+            if layer and int(layer.group(1)) >= cfg.block_layers:
+                continue  # further multi-token-prediction layers (or all of them, without num_nextn_predict_layers)
             fused = _FUSED.match(name)
             if fused and int(_LAYER.match(name).group(1)) in moe_layers:
                 shape = _fused_shapes(name, cfg)
@@ -230,7 +253,7 @@ def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[Ten
                 seen[n] = path
             wanted.append(info)
         plan.append((path, wanted))
-    missing = [n for n in expected if n not in seen]
+    missing = [n for n in expected_shapes(cfg) if n not in seen]
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise WeightError(f"Expected tensor {missing[0]!r} in the checkpoint, got none; missing {missing[:3]}{more}")
@@ -267,4 +290,4 @@ def load_weights(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, devic
                     del t
         except (OSError, SafetensorError) as exc:
             raise WeightError(f"Expected to read the tensors of {path}, got: {exc}") from None
-    return {name: out[name] for name in expected_shapes(cfg)}
+    return {name: out[name] for name in expected_shapes(cfg) | optional_shapes(cfg) if name in out}

@@ -38,8 +38,8 @@ class StepFamily:
     copies: int = 1
 
     def serves(self, step: StepBatch) -> bool:
-        return (step.kind, step.num_layers, step.topk, step.accept) == (
-            self.shape.kind, self.shape.num_layers, self.shape.topk, self.shape.accept
+        return (step.kind, step.num_layers, step.topk, step.accept, step.mtp) == (
+            self.shape.kind, self.shape.num_layers, self.shape.topk, self.shape.accept, self.shape.mtp
         ) and step.max_tokens <= self.shape.width and max(len(e.tail) for e in step.entries) <= self.tail
 
 
@@ -64,11 +64,13 @@ def families_for(drafter: Drafter | None, num_layers: int) -> list[StepFamily]:
     """The step families an engine with ``drafter`` issues: the target's decode step, its verify
     step as wide as the drafter's trees (``Drafter.max_drafts``), and the drafter's own steps
     (``Drafter.draft_steps``)."""
-    out = [StepFamily("decode", StepShape("decode", None, 1, 0, True), tail=1)]
     if drafter is None:
-        return out
+        return [StepFamily("decode", StepShape("decode", None, 1, 0, True), tail=1)]
+    fused = drafter.fused_topk  # the MTP module's first level, computed by the target's steps
+    mtp = "after" if fused else ""
+    out = [StepFamily("decode", StepShape("decode", None, 1, fused, True, mtp), tail=1)]
     width = 1 + min(drafter.max_drafts, MAX_VERIFY_TOKENS - 1)
-    out.append(StepFamily("verify", StepShape("verify", None, width, 0, True), tail=width))
+    out.append(StepFamily("verify", StepShape("verify", None, width, fused, True, mtp), tail=width))
     out += [StepFamily(d.name, d.shape, d.tail, d.copies) for d in drafter.draft_steps(num_layers)]
     return out
 
@@ -99,4 +101,4 @@ def placeholder_step(key: GraphKey) -> StepBatch:
     w = shape.width
     parents = [-1] + [t - 1 for t in range(1, w)] if shape.kind == "verify" else None
     entries = [StepEntry(0, 0, [0] * max(w, key.family.tail), [0] * w, list(range(w)), parents) for _ in range(key.batch)]
-    return StepBatch(shape.kind, entries, num_layers=shape.num_layers, topk=shape.topk, accept=shape.accept)
+    return StepBatch(shape.kind, entries, num_layers=shape.num_layers, topk=shape.topk, accept=shape.accept, mtp=shape.mtp)

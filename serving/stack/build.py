@@ -96,6 +96,9 @@ def build_drafter(config: ServingConfig, model: DeepseekV3Model) -> Drafter | No
     drafter = parse_speculate(spec) if spec is None or isinstance(spec, str) else spec
     if drafter is not None:
         drafter.draft_steps(model.num_layers)  # raises for a drafter the model cannot serve
+        if drafter.fused_topk and not model.has_mtp:
+            raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers >= 1 in config.json) for an "
+                             "mtp: drafter, got one without; use tree:WxD or ngram:WxD")
     return drafter
 
 
@@ -109,8 +112,8 @@ def build_engine(config: ServingConfig, model: DeepseekV3Model, pool: KVPool | N
         raise ValueError(f"Expected a CUDA device for cuda_graphs, got {model.device}")
     if pool is None:
         pool = build_pool(config, model)
-    elif pool.kv.shape[0] != model.num_layers:
-        raise ValueError(f"Expected a pool of the model's {model.num_layers} layers, got one of {pool.kv.shape[0]}")
+    elif pool.kv.shape[0] != model.pool_layers:
+        raise ValueError(f"Expected a pool of the model's {model.pool_layers} layers, got one of {pool.kv.shape[0]}")
     backend = build_backend(config, model, pool)
     drafter = build_drafter(config, model)
     replay = CudaGraphs(drafter, tuple(config.graph_batch_sizes), config.capture_graphs) if config.cuda_graphs else None

@@ -51,24 +51,30 @@ class UsageError(ValueError):
     """A command-line value the engine cannot use."""
 
 
-def parse_prompt(text: str, folder: str | None) -> list[int]:
-    """Comma- or space-separated token ids, else text through the folder's tokenizer.json."""
+def load_tokenizer(folder: str | None):
+    """The folder's ``tokenizer.json`` (a ``tokenizers.Tokenizer``), None when it has none."""
+    tok_file = Path(folder or "") / "tokenizer.json"
+    if folder is None or not tok_file.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:  # optional dependency
+        raise UsageError(f"Expected the 'tokenizers' package for {tok_file}, got none installed") from exc
+    try:
+        return Tokenizer.from_file(str(tok_file))
+    except Exception as exc:  # the Rust library raises its own exception types
+        raise UsageError(f"Expected a valid tokenizer in {tok_file}, got: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+
+
+def parse_prompt(text: str, tokenizer) -> list[int]:
+    """Comma- or space-separated token ids, else text through the folder's tokenizer."""
     parts = text.replace(",", " ").split()
     if not parts:
         raise UsageError(f"Expected a non-empty --prompt (token ids like '1,2,3', or text), got {text!r}")
     if all(p.isdigit() for p in parts):
         return [int(p) for p in parts]
-    tok_file = Path(folder or "") / "tokenizer.json"
-    if folder is None or not tok_file.is_file():
+    if tokenizer is None:
         raise UsageError(f"Expected token ids like '1,2,3' (no tokenizer.json for text), got {text!r}")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:  # optional dependency
-        raise UsageError("Expected the 'tokenizers' package for text prompts, got none installed") from exc
-    try:
-        tokenizer = Tokenizer.from_file(str(tok_file))
-    except Exception as exc:  # the Rust library raises its own exception types
-        raise UsageError(f"Expected a valid tokenizer in {tok_file}, got: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
     return tokenizer.encode(text).ids
 
 
@@ -82,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", action="append", default=[], help="token ids '1,2,3' or text; repeat for a batch")
     g.add_argument("--random-prompt", type=int, action="append", default=[], help="a seeded random prompt of this many tokens")
     g.add_argument("--max-new-tokens", type=int, default=32)
-    g.add_argument("--speculate", default=None, help="tree:WxD[:layers=K] or ngram:WxD[:n=N]")
+    g.add_argument("--speculate", default=None, help="tree:WxD[:layers=K], ngram:WxD[:n=N] or mtp:WxD (the model's MTP module)")
     g.add_argument("--backend", choices=["kernel", "reference"], default=None, help="default: kernel on CUDA, reference on CPU")
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="model dtype (default bf16 on CUDA, fp32 on CPU)")
@@ -186,7 +192,8 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         raise UsageError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
     cfg = preset_config(args.random_model) if args.random_model else ModelConfig.from_folder(args.model)
     eos = stop_ids(args, cfg)
-    prompts = [parse_prompt(p, args.model) for p in args.prompt]
+    tokenizer = load_tokenizer(args.model)
+    prompts = [parse_prompt(p, tokenizer) for p in args.prompt]
     check_prompts(prompts, cfg.vocab_size)
     lens = [len(p) for p in prompts] + list(args.random_prompt)
     if not lens:
@@ -194,6 +201,9 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     drafter = parse_speculate(args.speculate)
     if drafter is not None:
         drafter.draft_steps(cfg.num_hidden_layers)  # a drafter the model cannot serve: refused before loading it
+        if drafter.fused_topk and not cfg.has_mtp:
+            raise UsageError(f"Expected a model with an MTP module (num_nextn_predict_layers >= 1) for --speculate {args.speculate}, "
+                             f"got {args.model or args.random_model} without one; use tree:WxD or ngram:WxD")
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = args.pool_slots if args.pool_slots is not None else sum(n + args.max_new_tokens + 64 for n in lens) + 4096
     need = sum(lens) + len(lens) + 1
@@ -247,8 +257,10 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         "device": str(device),
         "eos_token_ids": list(eos),
         "requests": [{"prompt_tokens": len(r.prompt), "output": r.output, "error": r.error,
-                      "finish_reason": "error" if r.error else "eos" if r.output and r.output[-1] in eos else "length"}
+                      "finish_reason": "error" if r.error else "eos" if r.output and r.output[-1] in eos else "length",
+                      **({"text": tokenizer.decode(r.output)} if tokenizer is not None else {})}
                      for r in requests],
+        "tokens_per_step": s.emitted / s.request_steps if s.request_steps else 0.0,
         "prefill_tokens_per_s": s.prefill_tokens / s.prefill_s if s.prefill_s else 0.0,
         "decode_tokens_per_s": s.tokens_per_s,
         "steps": s.steps,
@@ -296,14 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         for i, r in enumerate(result["requests"]):
-            status = f"error: {r['error']}" if r["error"] else " ".join(map(str, r["output"]))
+            status = f"error: {r['error']}" if r["error"] else r["text"] if "text" in r else " ".join(map(str, r["output"]))
             print(f"[{i}] ({r['prompt_tokens']} prompt tokens) {status}")
         share = "" if result["attention_share"] is None else f"attention {100 * result['attention_share']:.0f}% of a step, "
         graphs = (f", CUDA graphs captured in {result['warmup_s']:.1f} s ({result['graph_memory_mib']:.0f} MiB)"
                   if result["cuda_graphs"] else ", no CUDA graphs")
         print(
             f"backend {result['backend']} on {result['device']}: decode {result['decode_tokens_per_s']:.1f} tokens/s over "
-            f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step, "
+            f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step "
+            f"({result['tokens_per_step']:.2f} tokens per request step), "
             f"{share}prefill {result['prefill_tokens_per_s']:.0f} tokens/s{graphs}"
         )
         print(defrag_line(result["defrag"]))

@@ -1,0 +1,48 @@
+"""The speculation phase's gates on the CPU profile: they train the tiny demo model, measure
+every mode, and the greedy check catches speculation that changes tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+import serving.engine.model_runner as model_runner
+from phases.speculation import benchmark, verify
+
+
+@pytest.fixture(scope="module")
+def demo_folder(tmp_path_factory):
+    from serving.demo.train import run
+
+    folder = tmp_path_factory.mktemp("demo")
+    run(folder, tiny=True, steps=20, log=lambda *_: None)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _own_model(demo_folder, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("MLA_GATE_DEMO_MODEL", str(demo_folder))
+
+
+def test_benchmark_reports_every_mode():
+    m = benchmark.run(tiny=True, contexts=[40], batch_sizes=[1, 2], max_new_tokens=4, device="cpu")
+    for mode in benchmark.MODES:
+        assert m[f"{mode}_40_b1_tok_s"] > 0
+        assert m[f"{mode}_40_b2_tokens_per_step"] >= 1
+    assert m["mtp_tree_ratio_b1"] == m["mtp_tree_40_b1_ratio"]
+    assert 1 <= m["mtp_tree_tokens_per_step_b1"] <= 1 + 12
+
+
+def test_greedy_trained_passes_and_catches_a_wrong_acceptance(monkeypatch):
+    m = verify.run(tiny=True, prompts=2, context=32, max_new_tokens=8, device="cpu")
+    assert m["mismatched_tokens_fp32"] == 0 and m["leaked_slots"] == 0 and m["requests"] == 4
+    original = model_runner.greedy_accept
+
+    def accept_one_more(pred, fields, width):  # a planted bug: one draft too many kept
+        out = original(pred, fields, width)
+        out["n_accepted"] = (out["n_accepted"] + 1).clamp_max(width - 1)
+        return out
+
+    monkeypatch.setattr(model_runner, "greedy_accept", accept_one_more)
+    bad = verify.run(tiny=True, prompts=2, context=32, max_new_tokens=8, device="cpu")
+    assert bad["mismatched_tokens_fp32"] + bad["near_tie_divergences_fp32"] > 0
