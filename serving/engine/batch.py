@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 KINDS = ("extend", "decode", "verify")
-MTP_MODES = ("", "after", "only")
+MTP_MODES = ("", "after", "chain")
 
 
 @dataclass
@@ -39,8 +39,8 @@ class StepEntry:
     tokens, positions: the new tokens (T_b of each).
     parents: verify only, int [T_b]: the parent of each new token among them (-1 for the
         root, which is token 0); the tree mask and acceptance come from it.
-    hidden_src, hidden_dst: an MTP chain step's rows of ``MTPState.hidden`` to read the
-        module's input state from and to write its output state to (0: the padding row).
+    hidden_src: an MTP chain step's row of ``MTPState.hidden`` holding the module's state for
+        the chain's first token (its request's table row; 0: the padding row).
     lookahead: an MTP extend's token after the entry's last one (the next chunk's first);
         None: the target's own choice there (the prompt's end).
     """
@@ -52,7 +52,6 @@ class StepEntry:
     positions: list[int]
     parents: list[int] | None = None
     hidden_src: int = 0
-    hidden_dst: int = 0
     lookahead: int | None = None
 
     @property
@@ -75,8 +74,9 @@ class StepBatch:
     logits_rows: extend only, rows to return logits for (None: every row).
     mtp: what the step runs of the model's MTP module (``serving.engine.mtp``): "" none;
         "after" the target's step, then the module over its rows (its latent rows, and its
-        top-``topk`` tokens after each entry's last accepted token); "only" the module alone
-        (a drafter's chain step, reading and writing ``MTPState.hidden``).
+        top-``topk`` tokens after each entry's last accepted token); "chain" the module alone,
+        every entry one chain of as many levels as it has tokens (a verify step of causal
+        chains; ``ModelRunner._mtp_chain``).
     """
 
     kind: str
@@ -168,7 +168,7 @@ class StepLayout:
         """(int64 fields, int32 fields, bool fields) -> element counts, in packing order."""
         b, n, g = self.batch, self.tokens, self.batch * self.width
         i64 = {"input_ids": n, "positions": n, "out_slots": n, "rows": b, "prefix_lens": b,
-               "grid_rows": g, "grid_parents": g, "grid_depth": g, "hidden_src": b, "hidden_dst": b}
+               "grid_rows": g, "grid_parents": g, "grid_depth": g, "hidden_src": b}
         i32 = {"qo_indptr": b + 1, "kv_indptr": b + 1, "tail_indptr": b + 1, "tails": self.tails}
         flags = {"tree_mask": self.mask, "grid_valid": g, "grid_anc": g * self.width}
         return i64, i32, flags
@@ -240,9 +240,8 @@ class PackedStep:
         a["out_slots"][:n] = [x for e in entries for x in e.tail[len(e.tail) - e.num_tokens :]]
         a["rows"][:b] = [e.row for e in entries]
         a["prefix_lens"][:b] = [e.prefix_len for e in entries]
-        if step.mtp == "only":
+        if step.mtp == "chain":
             a["hidden_src"][:b] = [e.hidden_src for e in entries]
-            a["hidden_dst"][:b] = [e.hidden_dst for e in entries]
         qo, kv, ti = a["qo_indptr"], a["kv_indptr"], a["tail_indptr"]
         np.cumsum(t_lens, out=qo[1 : b + 1])
         np.cumsum([e.kv_len for e in entries], out=kv[1 : b + 1])

@@ -213,37 +213,35 @@ class MTPDrafter:
     def draft_steps(self, num_layers: int) -> list[DraftStep]:
         if self.depth == 1:
             return []  # the first level comes with the target's steps
-        return [DraftStep("mtp-chain", StepShape("decode", None, 1, 0, False, "only"), tail=self.depth - 1, copies=self.width)]
+        chain = self.depth - 1
+        return [DraftStep("mtp-chain", StepShape("verify", None, chain, 0, False, "chain"), tail=chain, copies=self.width)]
 
     def propose(self, ctx: DraftContext, requests: Sequence[DraftRequest]) -> list[DraftTree]:
         pool, table, runner = ctx.pool, ctx.pool.table, ctx.runner
-        state = runner.mtp
         rows = [table.row(r.req_id) for r in requests]
-        firsts = [state.candidates.get(row, [])[: self.width] for row in rows]
-        chains = [[t] for first in firsts for t in first]
+        firsts = [runner.mtp.candidates.get(row, [])[: self.width] for row in rows]
         owners = [b for b, first in enumerate(firsts) for _ in first]
-        if self.depth == 1 or not chains:
+        chain = self.depth - 1
+        if chain == 0 or not owners:
             return [DraftTree.from_paths([[t] for t in first]) for first in firsts]
         try:
-            scratch = pool.alloc(len(chains) * (self.depth - 1))
+            scratch = pool.alloc(len(owners) * chain)
         except PoolExhausted:
             return [DraftTree.from_paths([[t] for t in first]) for first in firsts]
         try:
             lengths = [table.length(r.req_id) for r in requests]
-            slots = [scratch[i * (self.depth - 1) : (i + 1) * (self.depth - 1)] for i in range(len(chains))]
-            for k in range(1, self.depth):
-                batch = StepBatch("decode", [
-                    StepEntry(rows[o], lengths[o], slots[i][:k], [chains[i][-1]], [lengths[o] + k - 1],
-                              hidden_src=rows[o] if k == 1 else state.chain_row(i), hidden_dst=state.chain_row(i))
-                    for i, o in enumerate(owners)
-                ], mtp="only")
-                for c, t in zip(chains, runner.run(batch).pred):
-                    c.append(t[0])
+            firsts_flat = [t for first in firsts for t in first]
+            step = StepBatch("verify", [
+                StepEntry(rows[o], lengths[o], scratch[i * chain : (i + 1) * chain], [t] + [0] * (chain - 1),
+                          list(range(lengths[o], lengths[o] + chain)), list(range(-1, chain - 1)), hidden_src=rows[o])
+                for i, (o, t) in enumerate(zip(owners, firsts_flat))
+            ], mtp="chain")
+            drafted = runner.run(step).pred
         finally:
             pool.free(scratch)
         paths: list[list[list[int]]] = [[] for _ in requests]
-        for c, o in zip(chains, owners):
-            paths[o].append(c)
+        for o, t, rest in zip(owners, firsts_flat, drafted):
+            paths[o].append([t] + rest)  # row j of a chain drafted the token after its own
         return [DraftTree.from_paths(p) for p in paths]
 
 

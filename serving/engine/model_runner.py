@@ -211,11 +211,8 @@ class ModelRunner:
         f = batch.fields
         if self.device.type == "cuda":
             self._build_kv_indices(batch)
-        if shape.mtp == "only":  # a chain step of the MTP module alone
-            state = self._mtp_state()
-            logits, out = self.model.mtp_forward(batch, self.pool, self.backend, state.hidden[f["hidden_src"]], batch.input_ids)
-            state.hidden.index_copy_(0, f["hidden_dst"], out)
-            return pack_outputs(row_outputs(logits, shape.topk))
+        if shape.mtp == "chain":
+            return pack_outputs(self._mtp_chain(batch, shape.width))
         if shape.mtp == "after":
             logits, hidden = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers, return_hidden=True)
         else:
@@ -236,6 +233,27 @@ class ModelRunner:
             state.hidden.index_copy_(0, f["rows"], out.index_select(0, sel))
             outputs["mtp_topk"] = mtp_logits.topk(shape.topk, dim=-1).indices
         return pack_outputs(outputs)
+
+    def _mtp_chain(self, batch: ForwardBatch, depth: int) -> dict[str, torch.Tensor]:
+        """The MTP module's chains, every level in one step: entry b's ``depth`` rows are one
+        chain (a causal tree) whose row 0 holds its first draft and reads the state of its
+        request's row (``hidden_src``). Pass k computes every row and hands row j's token and
+        output state to row j + 1; after ``depth`` passes each row holds what the module drafts
+        after it. A row past the chain's known part writes a latent row that a later pass
+        rewrites before anything reads it (the causal mask hides it until then)."""
+        state = self._mtp_state()
+        f = batch.fields
+        n = batch.num_tokens
+        ids = batch.input_ids.clone()
+        hidden = state.hidden.index_select(0, f["hidden_src"].repeat_interleave(depth)[:n])
+        pred = ids
+        for _ in range(depth):
+            logits, out = self.model.mtp_forward(batch, self.pool, self.backend, hidden, ids)
+            pred = logits.argmax(dim=-1)
+            if depth > 1:
+                ids.view(-1, depth)[:, 1:] = pred.view(-1, depth)[:, :-1]
+                hidden.view(-1, depth, hidden.shape[-1])[:, 1:] = out.view(-1, depth, out.shape[-1])[:, :-1]
+        return {"pred": pred}
 
     def _mtp_state(self) -> MTPState:
         if self.mtp is None:

@@ -11,15 +11,16 @@ on steps the engine runs anyway:
   rejected ones' rows go back to the pool with their slots. The module's output at each
   request's last accepted token gives the first level of the next tree (its top-``W``), and
   its output state is kept here for chaining.
-- Deeper levels are chain steps of the module alone (``mtp == "only"``), one per level: each
-  chain reads the state its previous level left (``hidden_src``) and writes its own
-  (``hidden_dst``), over scratch slots the drafter frees.
+- Deeper levels are one chain step of the module alone (``mtp == "chain"``): every chain is
+  an entry of ``D - 1`` rows over scratch slots the drafter frees, computed in ``D - 1`` passes
+  of one captured step (one plan, one replay, one read), its first row reading the request's
+  state here (``hidden_src``).
 
 Decisions:
-- State lives in one device tensor indexed by slot-table row (a request's state) and, past the
-  rows, by chain (``chain_row``): a captured graph reads and writes it through index fields of
-  its static buffers, with no host work. Row 0 is the table's padding row: padded entries of a
-  bucket read and write it, and nothing real lives there.
+- State lives in one device tensor indexed by slot-table row: a captured graph reads and
+  writes it through index fields of its static buffers, with no host work. Row 0 is the
+  table's padding row: padded entries of a bucket read and write it, and nothing real lives
+  there.
 - The first level's candidates come back to the host with the step's one result read (packed
   with the other integer outputs) and are kept per table row; a row with none (its request has
   not been stepped with the module yet) drafts nothing.
@@ -31,23 +32,17 @@ from __future__ import annotations
 
 import torch
 
-MAX_MTP_WIDTH = 8  # the widest first level (top-W) a drafter may ask for: the chain region's size per row
+MAX_MTP_WIDTH = 8  # the widest first level (top-W) a drafter may ask for
 
 
 class MTPState:
-    """hidden: [table rows + table rows * MAX_MTP_WIDTH, hidden] in the model's dtype;
-    candidates: table row -> the module's top tokens after that row's last token."""
+    """hidden: [table rows, hidden] in the model's dtype, the module's output state after each
+    row's last token; candidates: table row -> the module's top tokens there."""
 
     def __init__(self, table_rows: int, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.table_rows = table_rows
-        self.hidden = torch.zeros(table_rows * (1 + MAX_MTP_WIDTH), hidden_size, dtype=dtype, device=device)
+        self.hidden = torch.zeros(table_rows, hidden_size, dtype=dtype, device=device)
         self.candidates: dict[int, list[int]] = {}
-
-    def chain_row(self, chain: int) -> int:
-        """The state row of a step's ``chain``-th draft chain (0 <= chain < table rows * MAX_MTP_WIDTH)."""
-        if not 0 <= chain < self.table_rows * MAX_MTP_WIDTH:
-            raise ValueError(f"Expected a chain index in [0, {self.table_rows * MAX_MTP_WIDTH}), got {chain}")
-        return self.table_rows + chain
 
     def forget(self, row: int) -> None:
         self.candidates.pop(row, None)

@@ -218,3 +218,50 @@ def test_own_mtp_embeddings_are_used(trained, tmp_path):
     model = DeepseekV3Model.from_folder(folder)
     assert torch.equal(model.mtp_embed, own.float())
     assert not torch.equal(model.mtp_embed, model.w["model.embed_tokens.weight"])
+
+
+def _reference_chain(target, mtp, head, tokens: list[int], first: int, more: int) -> list[int]:
+    """The module's greedy chain after ``tokens`` (the last one not cached yet) whose first draft
+    is ``first``: the history's rows teacher-forced (the target's state, the next token), then
+    each drafted row fed the previous row's output state and its token, as SGLang's NextN."""
+    with torch.no_grad():
+        states = list(target.model(input_ids=torch.tensor([tokens[:-1]])).last_hidden_state[0])
+        next_ids = list(tokens[1:])
+
+        def last_state():
+            embeds = target.model.embed_tokens(torch.tensor([next_ids]))
+            positions = torch.arange(len(next_ids))[None]
+            return mtp(torch.stack(states)[None], embeds, target.model.rotary_emb(embeds, positions))[0, -1]
+
+        prev, token, chain = last_state(), first, []
+        for _ in range(more):
+            states.append(prev)
+            next_ids.append(token)
+            prev = last_state()
+            token = int((prev @ head.T).argmax())
+            chain.append(token)
+    return chain
+
+
+@pytest.mark.parametrize("spec", ["mtp:1x4", "mtp:3x3"])
+def test_mtp_chains_match_transformers(random_folder, spec):
+    """Each drafted chain is the module's own greedy chain, as transformers' block computes it
+    when fed its output state and tokens level by level (the one-step chain's passes)."""
+    from serving.engine.drafters import DraftContext
+
+    target, mtp, head = _reference(random_folder)
+    model = DeepseekV3Model.from_folder(random_folder)
+    prompt = json.loads((random_folder / "heldout.json").read_text())["prompts"][0]["ids"][:30]
+    eng = build_engine(ServingConfig(backend="reference", speculate=spec, pool_slots=512), model).engine
+    req = eng.add_request(prompt, 8)
+    eng.prefill(req)
+    eng.step([req])  # one verify step: the state comes from the target's step, not the prefill
+    tree = eng.drafter.propose(DraftContext(eng.runner), [req])[0]
+    width, depth = eng.drafter.width, eng.drafter.depth
+    firsts = _reference_mtp_topk(target, mtp, head, req.tokens, width)
+    want = [[t] + _reference_chain(target, mtp, head, req.tokens, t, depth - 1) for t in firsts]
+    from serving.engine.tree import DraftTree
+
+    expected = DraftTree.from_paths(want)
+    assert tree.tokens == expected.tokens and tree.parents == expected.parents
+    assert eng.pool.leaked_slots() == 0 or not req.finished
