@@ -50,6 +50,7 @@ class FixedTreeDrafter:
         paths = [torch.randint(0, vocab, (depth,), generator=gen).tolist() for _ in range(width)]
         self.tree = DraftTree.from_paths(paths)
         self.max_drafts = len(self.tree)
+        self.fused_topk = 0  # no MTP module steps ride on the target's
 
     def draft_steps(self, num_layers: int) -> list:
         return []  # no device steps of its own

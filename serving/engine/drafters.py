@@ -105,6 +105,12 @@ class Drafter(Protocol):
     def propose(self, ctx: DraftContext, requests: Sequence[DraftRequest]) -> list[DraftTree]: ...
 
 
+def fused_topk(drafter: Drafter | None) -> int:
+    """``drafter.fused_topk``; 0 for none, and for a drafter written before the attribute (it
+    rides on no target step)."""
+    return int(getattr(drafter, "fused_topk", 0) or 0) if drafter is not None else 0
+
+
 def _check_shape(width: int, depth: int) -> None:
     if width < 1 or depth < 1 or width * depth > MAX_DRAFT_TOKENS:
         raise ValueError(f"Expected a tree of width x depth with 1 <= width * depth <= {MAX_DRAFT_TOKENS}, got {width}x{depth}")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from serving.engine.accept import bf16_resolution
 from serving.engine.attention import AttentionBackend
 from serving.engine.batch import StepBatch, StepEntry
-from serving.engine.drafters import DraftContext, Drafter
+from serving.engine.drafters import DraftContext, Drafter, fused_topk
 from serving.engine.kv_pool import KVPool, PoolExhausted, TableFull
 from serving.engine.model import DeepseekV3Model
 from serving.engine.model_runner import ModelRunner
@@ -128,7 +128,7 @@ class Engine:
         self.stats = StepStats()
         self.between_steps = tuple(between_steps)
         # The MTP drafter's first level rides on the target's steps (serving.engine.mtp).
-        self.mtp_topk = drafter.fused_topk if drafter is not None else 0
+        self.mtp_topk = fused_topk(drafter)
         if self.mtp_topk and runner.mtp is None:
             raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers >= 1) for an mtp: drafter, got one without")
         self._mtp = "after" if self.mtp_topk else ""

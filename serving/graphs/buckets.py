@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serving.engine.batch import StepBatch, StepEntry, StepLayout
-from serving.engine.drafters import Drafter
+from serving.engine.drafters import Drafter, fused_topk
 from serving.engine.model_runner import StepShape
 from serving.engine.tree import MAX_VERIFY_TOKENS
 
@@ -66,7 +66,7 @@ def families_for(drafter: Drafter | None, num_layers: int) -> list[StepFamily]:
     (``Drafter.draft_steps``)."""
     if drafter is None:
         return [StepFamily("decode", StepShape("decode", None, 1, 0, True), tail=1)]
-    fused = drafter.fused_topk  # the MTP module's first level, computed by the target's steps
+    fused = fused_topk(drafter)  # the MTP module's first level, computed by the target's steps
     mtp = "after" if fused else ""
     out = [StepFamily("decode", StepShape("decode", None, 1, fused, True, mtp), tail=1)]
     width = 1 + min(drafter.max_drafts, MAX_VERIFY_TOKENS - 1)

@@ -28,7 +28,7 @@ import torch
 
 from serving.defrag import Defragmenter
 from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend
-from serving.engine.drafters import Drafter, parse_speculate
+from serving.engine.drafters import Drafter, fused_topk, parse_speculate
 from serving.engine.engine import Engine
 from serving.engine.kv_pool import KVPool
 from serving.engine.model import DeepseekV3Model
@@ -96,7 +96,7 @@ def build_drafter(config: ServingConfig, model: DeepseekV3Model) -> Drafter | No
     drafter = parse_speculate(spec) if spec is None or isinstance(spec, str) else spec
     if drafter is not None:
         drafter.draft_steps(model.num_layers)  # raises for a drafter the model cannot serve
-        if drafter.fused_topk and not model.has_mtp:
+        if fused_topk(drafter) and not model.has_mtp:
             raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers >= 1 in config.json) for an "
                              "mtp: drafter, got one without; use tree:WxD or ngram:WxD")
     return drafter

@@ -265,3 +265,19 @@ def test_mtp_chains_match_transformers(random_folder, spec):
     expected = DraftTree.from_paths(want)
     assert tree.tokens == expected.tokens and tree.parents == expected.parents
     assert eng.pool.leaked_slots() == 0 or not req.finished
+
+
+def test_a_drafter_without_fused_topk_still_serves():
+    """A drafter written to the protocol before ``fused_topk`` (the decode-speed gate's fixed
+    trees) rides on no target step, eagerly and through the graph buffers."""
+    from phases.cudagraph.decode_speed import FixedTreeDrafter
+
+    model = random_model("tiny", seed=3)
+    for graphs in (False, True):
+        drafter = FixedTreeDrafter(2, 2, model.cfg.vocab_size)
+        del drafter.fused_topk
+        config = ServingConfig(backend="kernel" if graphs else "reference", speculate=drafter, pool_slots=256,
+                               cuda_graphs=graphs, capture_graphs=False, graph_batch_sizes=(1, 2))
+        eng = build_engine(config, model).engine
+        reqs = eng.generate(PROMPTS[:2], 6)
+        assert all(r.error is None and len(r.output) == 6 for r in reqs)
