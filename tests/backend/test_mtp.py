@@ -243,16 +243,20 @@ def _reference_chain(target, mtp, head, tokens: list[int], first: int, more: int
     return chain
 
 
-@pytest.mark.parametrize("spec", ["mtp:1x4", "mtp:3x3"])
-def test_mtp_chains_match_transformers(random_folder, spec):
+@pytest.mark.parametrize("spec,backend,prompt_len", [("mtp:1x4", "reference", 30), ("mtp:3x3", "reference", 30),
+                                                     ("mtp:2x4", "kernel", 300)])
+def test_mtp_chains_match_transformers(random_folder, spec, backend, prompt_len, monkeypatch):
     """Each drafted chain is the module's own greedy chain, as transformers' block computes it
     when fed its output state and tokens level by level (the one-step chain's passes)."""
     from serving.engine.drafters import DraftContext
 
     target, mtp, head = _reference(random_folder)
     model = DeepseekV3Model.from_folder(random_folder)
-    prompt = json.loads((random_folder / "heldout.json").read_text())["prompts"][0]["ids"][:30]
-    eng = build_engine(ServingConfig(backend="reference", speculate=spec, pool_slots=512), model).engine
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    heldout = json.loads((random_folder / "heldout.json").read_text())["prompts"]
+    prompt = [t for p in heldout for t in p["ids"]][:prompt_len]
+    eng = build_engine(ServingConfig(backend=backend, speculate=spec, pool_slots=1024,
+                                     pool_dtype=torch.bfloat16 if backend == "kernel" else torch.float32), model).engine
     req = eng.add_request(prompt, 8)
     eng.prefill(req)
     eng.step([req])  # one verify step: the state comes from the target's step, not the prefill
