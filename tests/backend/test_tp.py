@@ -229,6 +229,20 @@ def test_tp2_greedy_tokens_equal_tp1(tp_run, tp1_outputs, model, spec):
         assert result["outputs"][f"{model}/{spec}"] == tp1_outputs[model]
 
 
+def test_tp2_mtp_drafts_as_one_process_does(tp_run):
+    """The MTP module shards like any layer (its head vocab-sharded and gathered): under TP=2 it
+    drafts what it drafts in one process, step for step, and the tokens are plain greedy's."""
+    _, ranks = tp_run
+    model = random_model("tiny", seed=3, **tp_workers.MTP)
+    stats: dict = {}
+    plain = tp_workers.generate(model, None)
+    assert tp_workers.generate(model, tp_workers.MTP_SPEC, stats=stats) == plain
+    for result in ranks:
+        assert result["outputs"]["mtp/None"] == plain
+        assert result["outputs"][f"mtp/{tp_workers.MTP_SPEC}"] == plain
+        assert result["mtp_stats"] == stats
+
+
 def test_tp2_from_a_checkpoint_folder(tp_run):
     from serving.engine.model import DeepseekV3Model
 

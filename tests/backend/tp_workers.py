@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from phases.backend import tp_check
+from serving.engine.tree import DraftTree
 from serving.stack import ServingConfig, build_engine
 from serving.engine.model import DeepseekV3Model
 from serving.engine.parallel import LockstepError, RankFailed, TensorParallel, init_from_env
@@ -27,6 +28,8 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9] * 6, list(range(20, 61))]
 MAX_NEW = 10
 SPECS = (None, "tree:2x2")
 MODELS = {"tiny": {}, "tiny-odd-vocab": {"vocab_size": 127}}  # 127: the last rank's head rows are padded
+MTP = {"num_nextn_predict_layers": 1, "vocab_size": 127}  # the MTP module's head is vocab-sharded like lm_head
+MTP_SPEC = "mtp:2x3"
 
 
 def free_port() -> int:
@@ -40,13 +43,21 @@ def rank_env(rank: int, size: int, port: int) -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
-def generate(model: DeepseekV3Model, spec: str | None, tp: TensorParallel | None = None) -> list[list[int]]:
-    """Greedy outputs of PROMPTS (reference backend, fp32 pool); ``tp``: through the lockstep runner."""
+def generate(model: DeepseekV3Model, spec: str | None, tp: TensorParallel | None = None, stats: dict | None = None) -> list[list[int]]:
+    """Greedy outputs of PROMPTS (reference backend, fp32 pool); ``tp``: through the lockstep runner;
+    ``stats``: filled with the engine's steps and accepted drafts."""
     pool = model.new_pool(1024)
     engine = build_engine(ServingConfig(backend="reference", speculate=spec, pool_slots=pool.num_slots), model, pool).engine
     assert isinstance(engine.runner, LockstepRunner) == (tp is not None and tp.size > 1)
+    trees: list = []
+    if stats is not None and engine.drafter is not None:  # record every tree the drafter proposes
+        propose = engine.drafter.propose
+        engine.drafter.propose = lambda ctx, reqs: trees.append([[t.tokens, t.parents] for t in propose(ctx, reqs)]) or \
+            [DraftTree(list(a), list(b)) for a, b in trees[-1]]
     requests = engine.generate(PROMPTS, MAX_NEW)
     assert all(r.error is None for r in requests) and pool.leaked_slots() == 0
+    if stats is not None:
+        stats.update(steps=engine.stats.steps, accepted=engine.stats.accepted_drafts, trees=trees)
     return [r.output for r in requests]
 
 
@@ -70,6 +81,10 @@ def engine_worker(rank: int, size: int, port: int, folder: str, out: str) -> Non
             model = random_model("tiny", seed=3, tp=tp, **overrides)
             for spec in SPECS:
                 result["outputs"][f"{name}/{spec}"] = generate(model, spec, tp)
+        mtp_model = random_model("tiny", seed=3, tp=tp, **MTP)
+        result["mtp_stats"] = {}
+        result["outputs"]["mtp/None"] = generate(mtp_model, None, tp)
+        result["outputs"][f"mtp/{MTP_SPEC}"] = generate(mtp_model, MTP_SPEC, tp, result["mtp_stats"])
         model = DeepseekV3Model.from_folder(folder, tp=tp)
         result["outputs"]["folder/None"] = generate(model, None, tp)
         result["heads"] = model.num_local_heads
