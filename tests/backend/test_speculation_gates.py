@@ -46,3 +46,25 @@ def test_greedy_trained_passes_and_catches_a_wrong_acceptance(monkeypatch):
     monkeypatch.setattr(model_runner, "greedy_accept", accept_one_more)
     bad = verify.run(tiny=True, prompts=2, context=32, max_new_tokens=8, device="cpu")
     assert bad["mismatched_tokens_fp32"] + bad["near_tie_divergences_fp32"] > 0
+
+
+def test_accept_all_mtp_accepts_every_draft_and_keeps_the_tokens():
+    """The best-case drafter: the real MTP drafter's work, its first chain replaced by plain
+    greedy's continuation, so each step keeps all of it (but at the end of the request)."""
+    from phases.speculation.accept_all import AcceptAllMTP
+    from serving.engine.random_models import random_model
+    from serving.stack import ServingConfig, build_engine
+
+    model = random_model("tiny", seed=3, num_nextn_predict_layers=1)
+    base = ServingConfig(backend="reference", pool_slots=512)
+    plain = build_engine(base, model).engine
+    want = plain.add_request([1, 2, 3, 4, 5], 25)
+    plain.run([want])
+    drafter = AcceptAllMTP(2, 3, {})
+    engine = build_engine(base.but(speculate=drafter), model).engine
+    got = engine.add_request([1, 2, 3, 4, 5], 25)
+    drafter.futures[got.req_id] = want.output
+    engine.run([got])
+    assert got.output == want.output
+    assert engine.stats.steps == 6  # 1 token from prefill, then 4 per step (3 drafts + the bonus)
+    assert engine.pool.leaked_slots() == 0
