@@ -43,7 +43,7 @@ from serving.engine.kv_pool import KVPool
 from serving.engine.parallel import TensorParallel
 from serving.engine.rope import RotaryEmbedding, softmax_scale
 from serving.engine.sharded_weights import load_sharded_weights
-from serving.engine.weights import load_weights
+from serving.engine.weights import load_weights, served_config
 
 DENSE_EXPERT_ELEMENTS = 1 << 26  # bound on the [experts, rows, 2 * moe_intermediate] temporary of the dense path
 
@@ -134,7 +134,7 @@ class DeepseekV3Model:
     def from_folder(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                     tp: TensorParallel | None = None) -> "DeepseekV3Model":
         """Load ``folder``; with ``tp``, only this rank's parts of the tensors (every rank calls it)."""
-        cfg = ModelConfig.from_folder(folder)
+        cfg = served_config(folder, ModelConfig.from_folder(folder))
         if tp is None:
             return DeepseekV3Model(cfg, load_weights(folder, cfg, dtype, torch.device(device)), device, dtype)
         return DeepseekV3Model(cfg, load_sharded_weights(folder, cfg, dtype, torch.device(device), tp), device, dtype, tp)

@@ -9,7 +9,10 @@ Decisions:
 - DeepSeek's multi-token-prediction module (layer ``num_hidden_layers``: ``enorm``, ``hnorm``,
   ``eh_proj``, a decoder block, ``shared_head``; its own ``embed_tokens`` optional) is loaded
   and checked like any layer when ``num_nextn_predict_layers`` is set, and skipped otherwise;
-  further MTP layers are skipped; any other tensor the model does not use is an error.
+  further MTP layers are skipped; any other tensor the model does not use is an error. A
+  checkpoint that declares the module but holds none of it (transformers' ``save_pretrained``
+  writes ``num_nextn_predict_layers: 1`` and no module) is served without it
+  (``served_config``); one that holds part of it is refused, naming what is missing.
 - Nothing is read before every file's header has been checked: the 8-byte header length
   (at most the format's 100 MB), the JSON, each tensor's dtype, shape and data offsets against
   the file's size (contiguous, in order, no gap or overlap, as the safetensors library requires),
@@ -22,6 +25,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -211,6 +215,22 @@ def _fused_shapes(name: str, cfg: ModelConfig) -> tuple[int, ...]:
     """Expected shape of a fused expert tensor: gate_up_proj [E, 2I, hidden], down_proj [E, hidden, I]."""
     e, inter, h = cfg.n_routed_experts or 0, cfg.moe_intermediate_size, cfg.hidden_size
     return (e, 2 * inter, h) if name.endswith("gate_up_proj") else (e, h, inter)
+
+
+def served_config(folder: str | Path, cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` as ``folder``'s checkpoint can serve it: without the MTP module when the config
+    declares one (``num_nextn_predict_layers``; transformers writes 1 by default) but the
+    checkpoint holds none of its tensors. A module partly there is ``plan_load``'s error."""
+    if not cfg.has_mtp:
+        return cfg
+    prefix = f"model.layers.{cfg.mtp_layer}."
+    try:
+        files = sorted(Path(folder).glob("*.safetensors"))
+    except OSError:
+        return cfg  # plan_load names the folder
+    if any(name.startswith(prefix) for path in files for name in read_header(path)):
+        return cfg
+    return dataclasses.replace(cfg, num_nextn_predict_layers=0)
 
 
 def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[TensorInfo]]]:

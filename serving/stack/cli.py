@@ -37,7 +37,7 @@ from serving.engine.sharded_weights import load_sharded_weights
 from serving.engine.sharding import rank_config
 from serving.engine.tp_launch import run_on_ranks
 from serving.engine.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
-from serving.engine.weights import load_weights
+from serving.engine.weights import load_weights, served_config
 from serving.defrag.cli import defrag_line
 from serving.graphs import DEFAULT_BATCH_SIZES
 from serving.stack.build import build_engine
@@ -190,7 +190,7 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     graphs = args.cuda_graphs if args.cuda_graphs is not None else (device.type == "cuda" and backend_name == "kernel")
     if graphs and (device.type != "cuda" or backend_name != "kernel"):
         raise UsageError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
-    cfg = preset_config(args.random_model) if args.random_model else ModelConfig.from_folder(args.model)
+    cfg = preset_config(args.random_model) if args.random_model else served_config(args.model, ModelConfig.from_folder(args.model))
     eos = stop_ids(args, cfg)
     tokenizer = load_tokenizer(args.model)
     prompts = [parse_prompt(p, tokenizer) for p in args.prompt]
@@ -202,8 +202,9 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     if drafter is not None:
         drafter.draft_steps(cfg.num_hidden_layers)  # a drafter the model cannot serve: refused before loading it
         if drafter.fused_topk and not cfg.has_mtp:
-            raise UsageError(f"Expected a model with an MTP module (num_nextn_predict_layers >= 1) for --speculate {args.speculate}, "
-                             f"got {args.model or args.random_model} without one; use tree:WxD or ngram:WxD")
+            raise UsageError(f"Expected a model with an MTP module (num_nextn_predict_layers >= 1 and its model.layers."
+                             f"{cfg.num_hidden_layers}.* tensors) for --speculate {args.speculate}, got "
+                             f"{args.model or args.random_model} without one; use tree:WxD or ngram:WxD")
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = args.pool_slots if args.pool_slots is not None else sum(n + args.max_new_tokens + 64 for n in lens) + 4096
     need = sum(lens) + len(lens) + 1

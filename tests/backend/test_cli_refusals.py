@@ -216,3 +216,45 @@ def test_an_allocation_failure_past_the_estimate_is_one_line_exit_1():
     result = run_python(code, data_limit=1 << 30, timeout=60)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert_one_error_line(result.stderr, "out of memory while running (the estimate missed it): ")
+
+
+def test_speculation_never_fails_a_request_that_plain_decoding_serves(capsys):
+    """A batch in a pool with a few slots to spare: the first request's tree must leave the
+    second its root slot (it took every free slot, and the second request failed)."""
+    argv = ["generate", *TINY, "--random-prompt", "20", "--random-prompt", "12", "--max-new-tokens", "12",
+            "--pool-slots", "55", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    for spec in ("ngram:4x4", "tree:4x4"):
+        assert main(argv + ["--speculate", spec]) == 0, spec
+        got = json.loads(capsys.readouterr().out)
+        assert [r["output"] for r in got["requests"]] == [r["output"] for r in plain["requests"]]
+
+
+def test_mtp_on_a_model_without_the_module_is_a_usage_error(capsys):
+    assert main(["generate", *TINY, "--prompt", "1,2,3", "--speculate", "mtp:1x3"]) == 2
+    assert "MTP module" in capsys.readouterr().err
+
+
+def test_a_declared_mtp_module_without_weights_serves_plain_and_refuses_mtp(tmp_path, capsys):
+    """transformers writes num_nextn_predict_layers: 1 and no module: such a folder decodes, and
+    asking it for MTP drafts is a usage error."""
+    bare = save_tiny(tmp_path / "bare", peaky=False)
+    assert json.loads((bare / "config.json").read_text()).get("num_nextn_predict_layers", 1) == 1
+    assert main(["generate", "--model", str(bare), "--prompt", "1,2,3", "--max-new-tokens", "4"]) == 0
+    capsys.readouterr()
+    assert main(["generate", "--model", str(bare), "--prompt", "1,2,3", "--speculate", "mtp:1x2"]) == 2
+    assert "MTP module" in capsys.readouterr().err
+
+
+def test_a_partial_mtp_module_is_refused_naming_the_tensor(folder, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert "model.layers.2.eh_proj.weight" in tensors  # the folder's config declares the module
+    del tensors["model.layers.2.eh_proj.weight"]
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "1,2,3"]) == 2
+    err = capsys.readouterr().err
+    assert "model.layers.2.eh_proj.weight" in err and err.startswith("error:")
