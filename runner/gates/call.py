@@ -1,4 +1,6 @@
-"""Child process of a callable gate: ``python -m runner.gates.call pkg.mod:func --args-json '{...}'``.
+"""Child process of a callable gate: ``python -m runner.gates.call pkg.mod:func --args-json '{...}'``
+(the runner starts it through ``runner/gates/bootstrap.py``, so a repository's own ``runner``
+never replaces this module).
 
 Imports ``pkg.mod`` from the current directory (the repository root) first: the root is first
 on ``sys.path``, and ``pkg`` is taken from the root when the root has it, also as a folder

@@ -14,9 +14,11 @@ in the gate's reason and log. The runner stops reading the gate's output once th
 A gate killed by SIGKILL that the runner did not send is reported as ``killed by SIGKILL (out
 of memory?)``: the kernel's out-of-memory killer is the usual sender.
 
-The gate's ``PYTHONPATH`` starts with the repository root (so the project's own packages and
-``runner`` import), followed by the folder this ``runner`` package was loaded from when that
-is elsewhere (so a callable gate runs this runner's ``runner.gates.call``).
+The gate's ``PYTHONPATH`` starts with the repository root (so the project's own packages
+import), followed by the folder this ``runner`` package was loaded from when that is elsewhere
+(so a gate can import ``runner.gatekit``). A callable gate's child is started by the file path
+of this runner's ``runner/gates/bootstrap.py``, which loads this runner's
+``runner.gates.call`` by location: a repository with a ``runner`` of its own cannot hide it.
 
 ``$RUNNER_ARTIFACTS`` names a fresh folder for each gate: the small UTF-8 text files the gate
 leaves directly in it (at most ``MAX_ARTIFACTS`` files of at most ``MAX_ARTIFACT_BYTES`` each)
@@ -62,6 +64,7 @@ _PROGRESS_POLL_S = 0.25  # how often a running gate's progress file is read
 _ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
 
 _RUNNER_ROOT = Path(runner.__file__).resolve().parent.parent
+_BOOTSTRAP = Path(__file__).resolve().with_name("bootstrap.py")  # a call: gate's child, by file path
 
 
 class GateLike(Protocol):
@@ -295,7 +298,7 @@ def _command(gate: GateLike) -> list[str]:
         return ["bash", "-c", run]
     if call:
         args = getattr(gate, "args", None) or {}
-        return [sys.executable, "-m", "runner.gates.call", call, "--args-json", json.dumps(args)]
+        return [sys.executable, str(_BOOTSTRAP), call, "--args-json", json.dumps(args)]
     raise ValueError(f"gate {gate.name!r} has neither run nor call")
 
 
@@ -305,7 +308,7 @@ def _child_env(gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None,
     env.update(getattr(gate, "env", None) or {})
     path_entries = [str(repo_root.resolve())]
     if _RUNNER_ROOT != repo_root.resolve():
-        path_entries.append(str(_RUNNER_ROOT))  # the child runs this runner's runner.gates.call
+        path_entries.append(str(_RUNNER_ROOT))  # a gate's import of runner.gatekit
     if env.get("PYTHONPATH"):
         path_entries.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path_entries)
