@@ -34,6 +34,8 @@ RESULTS_SCHEMA = 1
 MAX_RESULTS_BYTES = 64 << 20
 MAX_RESULTS_DEPTH = 16
 _ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
+# Where a run folder keeps an artifact: artifacts/<gate>/<name>, or <gate>-<name> in older runs.
+_ARTIFACT_FILE = re.compile(rf"(?:artifacts/{ID_PATTERN.strip('^$')}/)?{ARTIFACT_NAME_PATTERN}")
 
 Outcome = Literal["PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"]
 MetricValue = bool | int | float | str | None
@@ -280,8 +282,8 @@ def _artifact_problems(gate: GateResult) -> list[str]:
         problems.append(f"{len(names)} artifacts, over the limit of {MAX_ARTIFACTS}")
     problems += [f"artifact name {name[:60]!r} is not letters, digits and ._-" for name in names
                  if not _ARTIFACT_NAME.fullmatch(name)][:3]
-    problems += [f"artifact file {file_name[:60]!r} is not a plain file name"
-                 for file_name in gate.artifact_files.values() if not _ARTIFACT_NAME.fullmatch(file_name)][:3]
+    problems += [f"artifact file {file_name[:60]!r} is not a plain file name or artifacts/<gate>/<name>"
+                 for file_name in gate.artifact_files.values() if not _ARTIFACT_FILE.fullmatch(file_name)][:3]
     too_big = [name for name, text in gate.artifacts.items() if len(text.encode("utf-8", "surrogatepass")) > MAX_ARTIFACT_BYTES]
     problems += [f"artifact {name[:60]!r} is over the {MAX_ARTIFACT_BYTES}-byte limit" for name in too_big[:3]]
     return problems

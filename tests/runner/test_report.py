@@ -92,8 +92,8 @@ def test_report_shows_gates_checks_notes_and_md_artifacts(tmp_path):
     bench_section = text[text.index("## bench (benchmark)"):]
     assert "| 64k | 0.5 |" in bench_section
     assert "a,b" not in text
-    assert (tmp_path / "bench-bench.md").read_text().startswith("| shape |")
-    assert (tmp_path / "bench-raw.csv").read_text() == "a,b\n1,2\n"
+    assert (tmp_path / "artifacts" / "bench" / "bench.md").read_text().startswith("| shape |")
+    assert (tmp_path / "artifacts" / "bench" / "raw.csv").read_text() == "a,b\n1,2\n"
     assert "[build.log](build.log)" in text and "[bench.log]" not in text  # only logs present
     assert "tail of build" in text
     assert "| speedup | 2 |" in text and "never_reported" not in text.split("## build")[0]
