@@ -251,7 +251,7 @@ def _gate_view(gate: GateResult, run_dir: Path | None) -> _GateView:
     links = ", ".join(f"[{name}]({artifact_file_name(gate.name, name)})" for name in sorted(gate.artifacts))
     checked = {check.metric for check in gate.checks}
     other = ", ".join(
-        f"{name}={table_cell(format_metric(value))}"
+        f"{table_cell(name)}={table_cell(format_metric(value))}"
         for name, value in sorted(gate.metrics.items())
         if name not in checked
     )
