@@ -39,7 +39,7 @@ from runner.gates.preflight import check_calls
 from runner.phase_run import Callbacks, PhaseRun, check_writes, judge, run_or_import, step_lines, write_up
 from runner.plan.order import next_phase
 from runner.plan.rewrite import PhaseUpdate, check_rewritable, render_updates, write_plan_text
-from runner.plan.schema import Checkpoint, OpenTarget, Phase, PhaseStatus
+from runner.plan.schema import Checkpoint, OpenTarget, Phase, PhaseStatus, plan_value
 from runner.records.machine import MachineInfo
 from runner.records.places import check_paths_committable, check_results_outside_paths
 from runner.records.results import GateResult
@@ -235,7 +235,7 @@ def _checkpoint(
     messages: list[str],
 ) -> AdvanceOutcome:
     tag = f"{ws.plan.id}/{phase.id}"
-    metrics = headline_metrics(phase, run.gates)
+    metrics = {name: plan_value(value) for name, value in headline_metrics(phase, run.gates).items()}
     checkpoint = Checkpoint(
         tag=tag,
         base=base,
@@ -263,12 +263,13 @@ def _checkpoint(
 
 
 def open_targets(gates: list[GateResult]) -> dict[str, OpenTarget]:
-    """The targets the gates missed, by metric (the first gate's, when two aim at one metric)."""
+    """The targets the gates missed, by metric (the first gate's, when two aim at one metric),
+    each value as the plan keeps it (``plan_value``)."""
     found: dict[str, OpenTarget] = {}
     for gate in gates:
         for check in gate.targets:
             if not check.ok and check.metric not in found:
-                found[check.metric] = OpenTarget(target=check.threshold, value=check.value)
+                found[check.metric] = OpenTarget(target=check.threshold, value=plan_value(check.value))
     return found
 
 

@@ -41,6 +41,20 @@ CALL_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 MetricValue = bool | int | float | str
 
+MAX_PLAN_STRING = 200
+"""The most characters of a string metric the runner writes into a plan (a checkpoint's
+``metrics`` and ``open_targets``, and so the status table and the commit message): a longer
+one is cut to its first ``MAX_PLAN_STRING - 1`` characters and ``…``. The run's report and
+``results.json`` keep the whole value."""
+
+
+def plan_value(value: MetricValue | None) -> MetricValue | None:
+    """``value`` as the runner writes it into a plan: a string cut to ``MAX_PLAN_STRING``
+    characters (see there); anything else unchanged."""
+    if isinstance(value, str) and len(value) > MAX_PLAN_STRING:
+        return value[: MAX_PLAN_STRING - 1] + "\u2026"
+    return value
+
 
 def _parse_tolerance(value: object) -> object:
     """A relative tolerance: a number such as ``0.05``, or a percentage string ``"5%"``."""

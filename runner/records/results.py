@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, V
 from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS
+from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
 from runner.plan.schema import GATE_KINDS, ID_PATTERN
 from runner.records.machine import MachineInfo
 from runner.timeutil import iso_ms
@@ -247,7 +247,7 @@ def consistency_problems(results: ResultsFile) -> list[str]:
     """What makes ``results`` impossible for a runner to have written: a phase or gate that
     appears twice, an unknown gate kind, a PASS whose process did not exit 0 or whose checks
     failed, an outcome with a signal but no FAIL/ERROR, a BLOCKED or SKIPPED gate with a
-    process. (Thresholds are re-checked against the metrics by the caller.)"""
+    process, artifacts or metrics over the limits a local run keeps to. (Thresholds are re-checked against the metrics by the caller.)"""
     problems: list[str] = []
     phases = [phase.phase for phase in results.phases]
     problems += [f"phase {name!r} appears {phases.count(name)} times" for name in sorted(set(phases))
@@ -270,7 +270,22 @@ def consistency_problems(results: ResultsFile) -> list[str]:
             if gate.exit_code is not None and gate.signal is not None:
                 problems.append(f"{where}: both an exit code and a signal")
             problems += [f"{where}: {problem}" for problem in _artifact_problems(gate)]
+            size = metrics_text_bytes(gate.metrics)
+            if size > MAX_METRICS_BYTES:
+                problems.append(f"{where}: its metric names and string values hold {size} bytes, more than the "
+                                f"{MAX_METRICS_BYTES}-byte metrics file a gate may write (a long string metric?)")
     return problems
+
+
+def metrics_text_bytes(metrics: Mapping[str, MetricValue]) -> int:
+    """The UTF-8 bytes of the metrics' names and string values: a lower bound of the size of any
+    JSON file that holds them (an escape only lengthens a character), so a local run, which
+    reads at most ``MAX_METRICS_BYTES`` of a gate's metrics file, never records more."""
+    return sum(
+        len(name.encode("utf-8", "surrogatepass"))
+        + (len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else 0)
+        for name, value in metrics.items()
+    )
 
 
 def _artifact_problems(gate: GateResult) -> list[str]:
