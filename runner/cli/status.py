@@ -17,9 +17,8 @@ from runner.views.history import (
     PhaseRuns,
     describe_phase,
     describe_targets,
-    find_runs,
+    find_shown_runs,
     phase_headline,
-    phase_runs,
     phase_targets,
 )
 from runner.views.status import StatusView, plan_status
@@ -34,9 +33,8 @@ def status(
     with domain_errors():
         ws = open_workspace(plan)
         view = plan_status(ws)
-        scan = find_runs(ws.root, ws.plan.id)
-        runs = phase_runs(scan)
-    for problem in scan.skipped:
+        runs, skipped = find_shown_runs(ws.root, ws.plan.id)
+    for problem in skipped:
         typer.echo(f"runner: warning: {problem}", err=True)
     described = {p.id: describe_phase(p.status, runs.get(p.id), socket.gethostname()) for p in view.phases}
     facts = {

@@ -2,8 +2,20 @@
 
 Every run of a phase leaves ``reports/<plan>/<phase>/<run-id>/results.json``; a complete phase
 records its checkpoint (tag, time, report path) in the plan. ``find_runs`` lists the runs,
-``plan_checkpoints`` the checkpoints, and ``resolve_run`` turns what a user types (a run id, a
-path to a results file or a run folder, a ``plan/phase`` tag) into one run.
+``find_shown_runs`` only those ``status`` shows, ``plan_checkpoints`` the checkpoints, and
+``resolve_run`` turns what a user types (a run id, a path to a results file or a run folder, a
+``plan/phase`` tag) into one run.
+
+Decisions:
+
+- A view reads a results file only up to ``VIEW_MAX_RESULTS_BYTES``; a bigger one is named in
+  the scan's ``skipped`` list from its size alone, never read.
+- What a view keeps of a run is bounded too: each string metric (in ``metrics``, ``checks``
+  and ``targets``) is cut as the plan cuts it (``plan_value``), so a history of many runs with
+  long string metrics costs what their numbers cost.
+- ``status`` needs, per phase, only the runs back to the newest verdict: ``find_shown_runs``
+  reads run folders newest first (a run folder's name is its run id, which starts with its UTC
+  time) and stops there; ``find_runs`` (``history``, the HTML page, ``diff``) reads every run.
 """
 
 from __future__ import annotations
@@ -14,7 +26,7 @@ from pathlib import Path
 
 from runner.errors import ResultsError, UsageError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
-from runner.plan.schema import Plan
+from runner.plan.schema import Plan, plan_value
 from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
 from runner.records.results import MetricCheck, Outcome, PhaseResults, ResultsFile, check_thresholds, combine_outcomes
@@ -24,6 +36,11 @@ from runner.views.status import CheckpointView, plan_status
 from runner.workspace import Workspace
 
 RESULTS_NAME = "results.json"
+
+VIEW_MAX_RESULTS_BYTES = 16 << 20
+"""The largest ``results.json`` a view reads. A run the runner wrote stays far below it (its
+artifacts are files of their own, each gate's log tail at most 8 KiB and its metrics at most
+the 1 MiB of its metrics file); a bigger file is skipped with a note saying so."""
 
 
 @dataclass(frozen=True)
@@ -149,33 +166,96 @@ def find_runs(root: Path, plan_id: str, phase: str | None = None) -> RunScan:
     ``phase`` is given), oldest first.
 
     What the runner did not write is skipped and named in ``skipped``, never a crash: a folder
-    whose name is not printable UTF-8, a results file that does not load, a run whose results
-    hold no phase of the folder it lies in (copied from another phase).
+    whose name is not printable UTF-8, a results file over ``VIEW_MAX_RESULTS_BYTES`` or that
+    does not load, a run whose results hold no phase of the folder it lies in (copied from
+    another phase).
     """
-    plan_dir = Path(root) / REPORTS_DIR / safe_name(plan_id)
-    phase_dirs = [plan_dir / safe_name(phase)] if phase else sorted(p for p in plan_dir.glob("*") if p.is_dir())
     runs: list[RunRecord] = []
     skipped: list[str] = []
-    for phase_dir in phase_dirs:
+    for phase_dir in _phase_dirs(root, plan_id, phase):
         for path in sorted(phase_dir.glob(f"*/{RESULTS_NAME}")):
-            shown = display_path(path, root)
-            if not _plain_name(phase_dir.name) or not _plain_name(path.parent.name):
-                skipped.append(f"{one_line(shown)}: a folder name that is not printable UTF-8; skipped")
-                continue
-            try:
-                results = ResultsFile.load(path)
-            except ResultsError as error:
-                skipped.append(str(error))
-                continue
-            if phase_dir.name not in {p.phase for p in results.phases}:
-                held = ", ".join(p.phase for p in results.phases)
-                skipped.append(f"{shown}: holds the results of phase {held}, not of {phase_dir.name} "
-                               "whose folder it lies in (copied?); skipped")
-                continue
-            runs.append(RunRecord(path=path, results=results, phase=phase_dir.name,
-                                  meta=read_run_meta(path.parent)))
+            record = _load_run(root, phase_dir, path, skipped)
+            if record is not None:
+                runs.append(record)
     runs.sort(key=lambda run: (run.created, run.run_id, run.phase or ""))
     return RunScan(runs, skipped)
+
+
+def find_shown_runs(root: Path, plan_id: str) -> tuple[dict[str, PhaseRuns], list[str]]:
+    """``phase_runs(find_runs(root, plan_id))`` and the scan's ``skipped``, reading only the
+    runs each phase shows: its run folders newest first, back to its newest verdict. ``count``
+    is the number of run folders holding a ``results.json``."""
+    found: dict[str, PhaseRuns] = {}
+    skipped: list[str] = []
+    for phase_dir in _phase_dirs(root, plan_id, None):
+        paths = sorted(phase_dir.glob(f"*/{RESULTS_NAME}"), key=lambda path: path.parent.name, reverse=True)
+        newer: list[RunRecord] = []
+        for path in paths:
+            record = _load_run(root, phase_dir, path, skipped)
+            if record is None:
+                continue
+            newer.append(record)
+            if not record.evidence and record.informative and record.meta.recorded:
+                break  # the verdict: nothing older is shown
+        newer.sort(key=lambda run: (run.created, run.run_id))
+        runs = phase_runs(RunScan(newer)).get(phase_dir.name)
+        if runs is not None:
+            found[phase_dir.name] = PhaseRuns(runs.verdict, runs.blocked, runs.evidence, count=len(paths))
+    return found, skipped
+
+
+def _phase_dirs(root: Path, plan_id: str, phase: str | None) -> list[Path]:
+    plan_dir = Path(root) / REPORTS_DIR / safe_name(plan_id)
+    return [plan_dir / safe_name(phase)] if phase else sorted(p for p in plan_dir.glob("*") if p.is_dir())
+
+
+def _load_run(root: Path, phase_dir: Path, path: Path, skipped: list[str]) -> RunRecord | None:
+    """The run whose results are ``path`` as a view keeps it, or ``None`` with a line appended
+    to ``skipped`` saying why not."""
+    shown = display_path(path, root)
+    if not _plain_name(phase_dir.name) or not _plain_name(path.parent.name):
+        skipped.append(f"{one_line(shown)}: a folder name that is not printable UTF-8; skipped")
+        return None
+    try:
+        size = path.stat().st_size
+    except OSError as error:
+        skipped.append(f"{shown}: cannot read it ({error.strerror or error}); skipped")
+        return None
+    if size > VIEW_MAX_RESULTS_BYTES:
+        skipped.append(f"{shown}: {size / (1 << 20):.0f} MiB, more than the {VIEW_MAX_RESULTS_BYTES >> 20} MiB "
+                       "a view reads of a results file; skipped (its report.md shows the run)")
+        return None
+    try:
+        results = ResultsFile.load(path)
+    except ResultsError as error:
+        skipped.append(str(error))
+        return None
+    if phase_dir.name not in {p.phase for p in results.phases}:
+        held = ", ".join(p.phase for p in results.phases)
+        skipped.append(f"{shown}: holds the results of phase {held}, not of {phase_dir.name} "
+                       "whose folder it lies in (copied?); skipped")
+        return None
+    return RunRecord(path=path, results=_bounded(results), phase=phase_dir.name, meta=read_run_meta(path.parent))
+
+
+def _bounded(results: ResultsFile) -> ResultsFile:
+    """``results`` with every string metric cut as the plan cuts it (``plan_value``)."""
+    def checks(items: list[MetricCheck]) -> list[MetricCheck]:
+        return [item.model_copy(update={"value": plan_value(item.value)}) if isinstance(item.value, str) else item
+                for item in items]
+
+    phases = []
+    for phase_results in results.phases:
+        gates = [
+            gate.model_copy(update={
+                "metrics": {name: plan_value(value) for name, value in gate.metrics.items()},
+                "checks": checks(gate.checks),
+                "targets": checks(gate.targets),
+            })
+            for gate in phase_results.gates
+        ]
+        phases.append(phase_results.model_copy(update={"gates": gates}))
+    return results.model_copy(update={"phases": phases})
 
 
 def _plain_name(name: str) -> bool:
