@@ -197,6 +197,7 @@ def find_shown_runs(root: Path, plan_id: str) -> tuple[dict[str, PhaseRuns], lis
             newer.append(record)
             if not record.evidence and record.informative and record.meta.recorded:
                 break  # the verdict: nothing older is shown
+        newer.reverse()  # oldest first again: runs of one second keep their folders' order (X, X-2)
         newer.sort(key=lambda run: (run.created, run.run_id))
         runs = phase_runs(RunScan(newer)).get(phase_dir.name)
         if runs is not None:

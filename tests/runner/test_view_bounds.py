@@ -101,3 +101,17 @@ def test_json_depth_is_counted_on_the_parsed_value_not_the_bytes():
             assert "levels deep, over the limit of 3" in str(error)
         else:
             raise AssertionError(f"{text[:20]} was accepted")
+
+
+def test_runs_of_one_second_keep_their_order(tmp_path):
+    """Two runs of one tree in one second share a run id; the second one's folder is ``-2``."""
+    failed = check_run(tmp_path, "20261101T000000Z-aaaaaaaa", "2026-11-01T00:00:00Z", 1.0)
+    blocked = results(run_id="20261101T000000Z-aaaaaaaa", created="2026-11-01T00:00:00Z",
+                      gates=[gate_result("build", "build"),
+                             gate_result("check", outcome="BLOCKED", exit_code=None, reason="needs cuda")])
+    second = failed.parent.with_name(failed.parent.name + "-2") / "results.json"
+    blocked.dump(second)
+    shown, _ = find_shown_runs(tmp_path, "demo")
+    everything = phase_runs(find_runs(tmp_path, "demo"))
+    assert shown["alpha"].verdict.path == everything["alpha"].verdict.path == failed
+    assert shown["alpha"].blocked.path == everything["alpha"].blocked.path == second
