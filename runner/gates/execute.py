@@ -51,6 +51,7 @@ from runner.gates import output as gateoutput
 from runner.gates.log import HEAD_BYTES, CappedLog, OutputPump
 from runner.gates.procgroup import adopt_orphans, end_escaped, end_group, own_children, with_parent_death_signal
 from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
+from runner.gates.repeat import run_repeated
 from runner.gates.verdict import Verdict, judge
 from runner.records.results import GateResult
 from runner.timeutil import iso_ms
@@ -240,7 +241,8 @@ def run_steps(
     A ``blocked`` step becomes a BLOCKED result without a process. After the first FAIL or
     ERROR every remaining step is SKIPPED; with ``keep_going`` the later gates run anyway
     (to collect all the evidence in one run), except that a benchmark gate is SKIPPED unless
-    every verify gate before it passed: correct before fast. Logs go to ``log_dir/<gate name>.log``;
+    every verify gate before it passed: correct before fast. A gate with ``repeat: N`` runs N
+    times (``runner.gates.repeat``). Logs go to ``log_dir/<gate name>.log``;
     ``on_result`` is called with each result as soon as it is known. ``run_gate_fn`` is
     called like ``run_gate`` (tests pass a fake), ``on_progress`` included. ``on_start`` is
     called with the gate's name and its log file just before a gate's process starts.
@@ -267,8 +269,9 @@ def run_steps(
             log_path = log_dir / _log_name(gate.name, used_names)
             if on_start is not None:
                 on_start(gate.name, log_path)
-            res = run_gate_fn(
+            res = run_repeated(
                 gate,
+                run_gate_fn=run_gate_fn,
                 repo_root=repo_root,
                 log_path=log_path,
                 env=env,

@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from runner.errors import UsageError
+from runner.plan.samples import DEFAULT_CONFIDENCE, representative
 from runner.plan.thresholds import Threshold
 
 SCHEMA_VERSION = 1
@@ -41,6 +42,9 @@ CALL_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 MetricValue = bool | int | float | str
 
+MAX_REPEAT = 1000
+"""The most times one gate may be repeated (``repeat:``)."""
+
 MAX_PLAN_STRING = 200
 """The most characters of a string metric the runner writes into a plan (a checkpoint's
 ``metrics`` and ``open_targets``, and so the status table and the commit message): a longer
@@ -48,12 +52,14 @@ one is cut to its first ``MAX_PLAN_STRING - 1`` characters and ``…``. The run'
 ``results.json`` keep the whole value."""
 
 
-def plan_value(value: MetricValue | None) -> MetricValue | None:
+def plan_value(value: object) -> MetricValue | None:
     """``value`` as the runner writes it into a plan: a string cut to ``MAX_PLAN_STRING``
-    characters (see there); anything else unchanged."""
+    characters (see there), a list of samples as its median; anything else unchanged."""
     if isinstance(value, str) and len(value) > MAX_PLAN_STRING:
         return value[: MAX_PLAN_STRING - 1] + "\u2026"
-    return value
+    if isinstance(value, list):
+        return representative(value)
+    return value  # type: ignore[return-value]
 
 
 def _parse_tolerance(value: object) -> object:
@@ -104,6 +110,11 @@ class Gate(_Model):
     changes a verdict. ``tolerance`` maps metrics to the relative change for the worse
     (``0.05`` or ``"5%"``) that ``runner diff`` accepts before it calls a run a regression
     against a baseline from the same machine.
+
+    ``repeat`` runs the gate that many times (each with its own ``timeout``) and collects each
+    number it reports into samples; a gate may also report a list of numbers itself. A
+    threshold on samples is judged on the ``confidence`` interval of their median
+    (``runner.plan.samples``); a single number is judged as it is.
     """
 
     name: Identifier
@@ -117,6 +128,8 @@ class Gate(_Model):
     expect: dict[str, Threshold] = Field(default_factory=dict)
     targets: dict[str, Threshold] = Field(default_factory=dict)
     tolerance: dict[str, Tolerance] = Field(default_factory=dict)
+    repeat: int = Field(default=1, ge=1, le=MAX_REPEAT)
+    confidence: float = Field(default=DEFAULT_CONFIDENCE, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _one_command(self) -> Gate:

@@ -22,6 +22,16 @@ from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
 from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
+from runner.plan.samples import (
+    DEFAULT_CONFIDENCE,
+    MAX_SAMPLES,
+    describe,
+    interval_gap,
+    interval_holds,
+    is_samples,
+    median_interval,
+    sample_problem,
+)
 from runner.plan.schema import GATE_KINDS, ID_PATTERN
 from runner.records.machine import MachineInfo
 from runner.timeutil import iso_ms
@@ -38,7 +48,9 @@ _ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
 _ARTIFACT_FILE = re.compile(rf"(?:artifacts/{ID_PATTERN.strip('^$')}/)?{ARTIFACT_NAME_PATTERN}")
 
 Outcome = Literal["PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"]
-MetricValue = bool | int | float | str | None
+Samples = list[int | float]
+"""A metric reported as a list of numbers (``runner.plan.samples``)."""
+MetricValue = bool | int | float | str | None | Samples
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
@@ -76,16 +88,34 @@ class MetricCheck(BaseModel):
     (``None`` when it reported nothing); ``reason`` says why the check failed, or restates the
     comparison when it held; ``gap`` is how far the value is from the threshold (0 when met,
     ``None`` when no distance says it: see ``Threshold.gap``).
+
+    For a metric reported as samples, ``value`` is their median, ``samples`` how many there
+    were, ``interval`` the ``[low, high]`` interval of the median at ``confidence`` on which
+    the threshold was judged (``None`` when there were too few samples for one).
     """
 
     model_config = _MODEL_CONFIG
 
     metric: str
     threshold: str
-    value: MetricValue
+    value: bool | int | float | str | None
     ok: bool
     reason: str
     gap: float | None = None
+    samples: int | None = None
+    interval: list[float] | None = None
+    confidence: float | None = None
+
+    @property
+    def value_text(self) -> str:
+        """The value as a report shows it: ``2.31``, or for samples ``2.31 (median of 20; 95%
+        interval [2.1, 2.5])``."""
+        text = format_metric(self.value)
+        if self.samples is None:
+            return text
+        where = (f"; {self.confidence * 100:g}% interval [{format_metric(self.interval[0])}, "
+                 f"{format_metric(self.interval[1])}]") if self.interval and self.confidence else ""
+        return f"{text} (median of {self.samples}{where})"
 
     @property
     def shortfall(self) -> str:
@@ -270,6 +300,8 @@ def consistency_problems(results: ResultsFile) -> list[str]:
             if gate.exit_code is not None and gate.signal is not None:
                 problems.append(f"{where}: both an exit code and a signal")
             problems += [f"{where}: {problem}" for problem in _artifact_problems(gate)]
+            problems += [f"{where}: metric {name[:60]!r} holds {len(value)} samples, more than {MAX_SAMPLES}"
+                         for name, value in gate.metrics.items() if is_samples(value) and len(value) > MAX_SAMPLES][:3]
             size = metrics_text_bytes(gate.metrics)
             if size > MAX_METRICS_BYTES:
                 problems.append(f"{where}: its metric names and string values hold {size} bytes, more than the "
@@ -340,12 +372,13 @@ def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:
 
 
 def check_thresholds(
-    expect: Mapping[str, Threshold], metrics: Mapping[str, object]
+    expect: Mapping[str, Threshold], metrics: Mapping[str, object], confidence: float = DEFAULT_CONFIDENCE
 ) -> list[MetricCheck]:
     """Check every ``expect`` (or ``targets``) entry, in order, against ``metrics``.
 
     A metric that was not reported fails (it never defaults to 0); so do ``null``, NaN,
-    infinite, boolean and string values, each with its own reason.
+    infinite, boolean and string values, each with its own reason. A metric reported as a list
+    of samples is judged on the ``confidence`` interval of its median (``_check_samples``).
     """
     checks = []
     for metric, threshold in expect.items():
@@ -357,6 +390,9 @@ def check_thresholds(
             )
             continue
         value = metrics[metric]
+        if is_samples(value):
+            checks.append(_check_samples(metric, threshold, value, confidence))
+            continue
         problem = _not_a_number(value)
         if problem is None:
             ok = bool(threshold.check(value))
@@ -369,6 +405,28 @@ def check_thresholds(
                         reason=reason, gap=threshold.gap(value))
         )
     return checks
+
+
+def _check_samples(metric: str, threshold: Threshold, samples: list, confidence: float) -> MetricCheck:
+    """The check of a sampled metric: the threshold must hold over the whole interval of the
+    median (``runner.plan.samples``)."""
+    text = str(threshold)
+    problem = sample_problem(samples)
+    if problem is not None:
+        return MetricCheck(metric=metric, threshold=text, value=None, ok=False, reason=problem,
+                           samples=len(samples), confidence=confidence)
+    interval = median_interval(samples, confidence)
+    ok = interval_holds(threshold.op, threshold.value, interval)
+    shown = describe(interval)
+    if not interval.bounded:
+        reason = f"{shown}; {text} is judged on the interval"
+    else:
+        reason = f"{shown} {text}" if ok else f"{shown}: not {text} over the interval"
+    return MetricCheck(
+        metric=metric, threshold=text, value=interval.median, ok=ok, reason=reason,
+        gap=interval_gap(threshold.op, threshold.value, interval), samples=interval.n,
+        interval=[interval.low, interval.high] if interval.bounded else None, confidence=confidence,
+    )
 
 
 def _shown(value: float, threshold: Threshold, ok: bool) -> str:
@@ -395,7 +453,7 @@ def _not_a_number(value: object) -> str | None:
     return None
 
 
-def _as_metric_value(value: object) -> MetricValue:
+def _as_metric_value(value: object) -> bool | int | float | str | None:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)

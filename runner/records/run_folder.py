@@ -230,7 +230,7 @@ def target_checks(phase: Phase, gates: list[GateResult]) -> list[MetricCheck]:
     return [
         check
         for spec in phase.gates if spec.targets and spec.name in ran
-        for check in check_thresholds(spec.targets, ran[spec.name].metrics)
+        for check in check_thresholds(spec.targets, ran[spec.name].metrics, spec.confidence)
     ]
 
 

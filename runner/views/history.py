@@ -249,7 +249,8 @@ def _bounded(results: ResultsFile) -> ResultsFile:
     for phase_results in results.phases:
         gates = [
             gate.model_copy(update={
-                "metrics": {name: plan_value(value) for name, value in gate.metrics.items()},
+                "metrics": {name: plan_value(value) if isinstance(value, str) else value
+                            for name, value in gate.metrics.items()},
                 "checks": checks(gate.checks),
                 "targets": checks(gate.targets),
             })

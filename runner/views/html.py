@@ -23,6 +23,7 @@ from runner.formatting import format_metric, short
 from runner.gates.protocol import PLOT_SUFFIX
 from runner.plan.schema import Phase
 from runner.records.places import check_reports
+from runner.plan.samples import representative
 from runner.records.results import GateResult, MetricCheck
 from runner.records.run_folder import headline_metrics, read_artifacts, target_checks
 from runner.records.run_folder import REPORTS_DIR
@@ -203,7 +204,7 @@ def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | No
         points = []
         for run in runs:
             [phase_results] = run.phase_results()
-            value = headline_metrics(spec, phase_results.gates).get(metric)
+            value = representative(headline_metrics(spec, phase_results.gates).get(metric))  # samples: the median
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             points.append(
