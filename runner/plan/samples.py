@@ -137,14 +137,17 @@ def interval_gap(op: str, bound: float, interval: MedianInterval) -> float | Non
     return None
 
 
-def describe(interval: MedianInterval, digits: int = 4) -> str:
-    """``median 2.31, 95% interval [2.1, 2.5] of 20 samples``."""
+def describe(interval: MedianInterval, digits: int | None = 4) -> str:
+    """``median 2.31, 95% interval [2.1, 2.5] of 20 samples``; ``digits=None``: every digit."""
+    def number(value: float) -> str:
+        return repr(float(value)) if digits is None else format(value, f".{digits}g")
+
     level = f"{interval.confidence * 100:g}%"
     if not interval.bounded:
-        return (f"median {interval.median:.{digits}g} of {interval.n} sample{'s' if interval.n != 1 else ''}: "
+        return (f"median {number(interval.median)} of {interval.n} sample{'s' if interval.n != 1 else ''}: "
                 f"too few for a {level} interval (at least {min_samples(interval.confidence)})")
-    return (f"median {interval.median:.{digits}g}, {level} interval [{interval.low:.{digits}g}, "
-            f"{interval.high:.{digits}g}] of {interval.n} samples")
+    return (f"median {number(interval.median)}, {level} interval [{number(interval.low)}, "
+            f"{number(interval.high)}] of {interval.n} samples")
 
 
 def merge_repetitions(runs: list[dict[str, Any]]) -> dict[str, Any]:

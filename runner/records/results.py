@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -418,6 +419,10 @@ def _check_samples(metric: str, threshold: Threshold, samples: list, confidence:
     interval = median_interval(samples, confidence)
     ok = interval_holds(threshold.op, threshold.value, interval)
     shown = describe(interval)
+    if interval.bounded:  # rounded bounds that would read as the opposite verdict: every digit
+        rounded = replace(interval, low=float(format(interval.low, ".4g")), high=float(format(interval.high, ".4g")))
+        if interval_holds(threshold.op, threshold.value, rounded) != ok:
+            shown = describe(interval, digits=None)
     if not interval.bounded:
         reason = f"{shown}; {text} is judged on the interval"
     else:

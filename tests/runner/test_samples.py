@@ -218,3 +218,8 @@ def test_repeat_and_confidence_are_checked_in_the_plan(tmp_path, runner_env):
         repo = make_repo(tmp_path / f"repo-{len(needle)}-{fields!s:.3}", sampled_phases(**fields), git_init=False)
         result = cli(runner_env, repo.root, "status")
         assert result.exit_code == 2 and needle in result.stderr, (fields, result.text)
+
+
+def test_bounds_that_round_to_the_threshold_are_shown_in_full():
+    [check] = check_thresholds({"a": Threshold.parse(">= 1")}, {"a": [0.99996, 1.2, 1.3, 1.4, 1.5, 1.6]})
+    assert not check.ok and "[0.99996" in check.reason
