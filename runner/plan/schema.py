@@ -85,6 +85,30 @@ def _parse_tolerance(value: object) -> object:
     return value
 
 
+def _check_confidence(value: object) -> object:
+    """A confidence is a fraction strictly between 0 and 1 (``0.95``), never a percentage."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise PydanticCustomError(
+            "confidence",
+            "a confidence is a fraction between 0 and 1 such as 0.95 (for 95%), got {value}",
+            {"value": repr(value)},
+        )
+    return float(value)
+
+
+def _check_repeat(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
+        raise PydanticCustomError(
+            "repeat",
+            "repeat is how many times the gate runs, a whole number from 1 to {most}, got {value}",
+            {"value": repr(value), "most": MAX_REPEAT},
+        )
+    return value
+
+
+Confidence = Annotated[float, BeforeValidator(_check_confidence)]
+Repeat = Annotated[int, BeforeValidator(_check_repeat)]
+
 Tolerance = Annotated[float, BeforeValidator(_parse_tolerance), Field(ge=0, allow_inf_nan=False)]
 """How much worse than its baseline a metric may get before a diff calls it a regression."""
 
@@ -128,8 +152,8 @@ class Gate(_Model):
     expect: dict[str, Threshold] = Field(default_factory=dict)
     targets: dict[str, Threshold] = Field(default_factory=dict)
     tolerance: dict[str, Tolerance] = Field(default_factory=dict)
-    repeat: int = Field(default=1, ge=1, le=MAX_REPEAT)
-    confidence: float = Field(default=DEFAULT_CONFIDENCE, gt=0, lt=1)
+    repeat: Repeat = 1
+    confidence: Confidence = DEFAULT_CONFIDENCE
 
     @model_validator(mode="after")
     def _one_command(self) -> Gate:

@@ -213,9 +213,12 @@ def test_results_without_repeat_and_confidence_read_as_the_defaults(gpu_results,
 
 
 def test_repeat_and_confidence_are_checked_in_the_plan(tmp_path, runner_env):
-    for fields, needle in (({"repeat": 0}, "repeat"), ({"confidence": 1.0}, "confidence"),
-                           ({"confidence": "high"}, "confidence")):
-        repo = make_repo(tmp_path / f"repo-{len(needle)}-{fields!s:.3}", sampled_phases(**fields), git_init=False)
+    for fields, needle in (({"repeat": 0}, "repeat: repeat is how many times the gate runs, a whole number"),
+                           ({"repeat": 2.5}, "from 1 to 1000, got 2.5"),
+                           ({"confidence": 95}, "confidence: a confidence is a fraction between 0 and 1 such as "
+                                                "0.95 (for 95%), got 95"),
+                           ({"confidence": 1.0}, "got 1.0"), ({"confidence": "high"}, "got 'high'")):
+        repo = make_repo(tmp_path / f"repo-{len(needle)}", sampled_phases(**fields), git_init=False)
         result = cli(runner_env, repo.root, "status")
         assert result.exit_code == 2 and needle in result.stderr, (fields, result.text)
 
