@@ -11,6 +11,8 @@ Decisions:
 - One log per gate, as for any gate: each repetition writes its own capped log in a scratch
   folder, which is appended to the gate's log after a ``[runner] repetition k of N`` line as
   soon as it ends (an interrupted repetition's too). The artifacts are the last repetition's.
+- Samples stay bounded: a metric that collects more than ``MAX_SAMPLES`` over the repetitions
+  keeps its first ``MAX_SAMPLES`` and the gate is an ERROR (it could not be judged as asked).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.gates.verdict import threshold_verdict
-from runner.plan.samples import DEFAULT_CONFIDENCE, merge_repetitions
+from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES, merge_repetitions
 from runner.records.results import GateResult, check_thresholds
 
 
@@ -67,8 +69,16 @@ def _combined(gate: Any, runs: list[GateResult], repeat: int, log: str) -> GateR
     confidence = getattr(gate, "confidence", DEFAULT_CONFIDENCE)
     checks = check_thresholds(getattr(gate, "expect", None) or {}, metrics, confidence)
     targets = check_thresholds(getattr(gate, "targets", None) or {}, metrics, confidence)
+    oversize = sorted(name for name, value in metrics.items() if isinstance(value, list) and len(value) > MAX_SAMPLES)
+    for name in oversize:
+        metrics[name] = metrics[name][:MAX_SAMPLES]
     if last.outcome != "PASS":
         outcome, reason = last.outcome, f"repetition {len(runs)} of {repeat}: {last.reason}"
+    elif oversize:
+        outcome, reason = "ERROR", (
+            f"metric(s) {', '.join(repr(name) for name in oversize)} collected more than {MAX_SAMPLES} samples "
+            f"over {repeat} repetitions (the first {MAX_SAMPLES} are kept): lower repeat or report fewer samples"
+        )
     else:
         outcome, reason = threshold_verdict(checks, ran=f"exited with code 0 in each of {repeat} repetitions")
     return last.model_copy(update={

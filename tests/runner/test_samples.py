@@ -226,3 +226,15 @@ def test_repeat_and_confidence_are_checked_in_the_plan(tmp_path, runner_env):
 def test_bounds_that_round_to_the_threshold_are_shown_in_full():
     [check] = check_thresholds({"a": Threshold.parse(">= 1")}, {"a": [0.99996, 1.2, 1.3, 1.4, 1.5, 1.6]})
     assert not check.ok and "[0.99996" in check.reason
+
+
+def test_repetitions_that_collect_too_many_samples_are_an_error(tmp_path, runner_env, monkeypatch):
+    from runner.gates import repeat as repeat_module
+
+    monkeypatch.setattr(repeat_module, "MAX_SAMPLES", 5)
+    repo = make_repo(tmp_path / "repo", repeat_phases(3, "<= 100", run=SAMPLES_GATE))
+    result = cli(runner_env, repo.root, "gate", "alpha", "--out", str(tmp_path / "r.json"))
+    assert result.exit_code == 1, result.text
+    [stored] = json.loads((tmp_path / "r.json").read_text())["phases"][0]["gates"]
+    assert stored["outcome"] == "ERROR" and "'speedup' collected more than 5 samples over 3" in stored["reason"]
+    assert len(stored["metrics"]["speedup"]) == 5
