@@ -50,7 +50,7 @@ from runner.repo.fingerprint import TreeState
 from runner.repo.lock import repo_lock
 from runner.runs import PhaseStartFn, ResultFn, exit_code_for, interrupt_on_sigterm
 from runner.timeutil import iso_time, utc_now
-from runner.views.history import RunRecord, describe_machine, find_runs
+from runner.views.runs import RunRecord, describe_machine, find_runs
 from runner.workspace import Workspace
 
 

@@ -13,14 +13,8 @@ from rich.table import Table
 from runner.cli._common import PLAN_HELP, domain_errors, stdout_console
 from runner.formatting import format_metric, json_text, one_line
 from runner.records.results import MetricCheck
-from runner.views.history import (
-    PhaseRuns,
-    describe_phase,
-    describe_targets,
-    find_shown_runs,
-    phase_headline,
-    phase_targets,
-)
+from runner.views.history import describe_phase, describe_targets, phase_headline, phase_targets
+from runner.views.runs import PhaseRuns, find_shown_runs
 from runner.views.status import StatusView, plan_status
 from runner.workspace import open_workspace
 

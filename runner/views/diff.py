@@ -25,7 +25,7 @@ from runner.errors import UsageError
 from runner.plan.samples import representative
 from runner.plan.schema import Gate, Plan
 from runner.plan.thresholds import Threshold
-from runner.views.history import RunRecord, describe_machine, display_path
+from runner.views.runs import RunRecord, describe_machine, display_path
 
 Direction = Literal["higher", "lower"]
 Verdict = Literal[

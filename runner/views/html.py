@@ -29,15 +29,8 @@ from runner.records.run_folder import headline_metrics, read_artifacts, target_c
 from runner.records.run_folder import REPORTS_DIR
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
-from runner.views.history import (
-    PhaseRuns,
-    RunRecord,
-    RunScan,
-    describe_machine,
-    find_runs,
-    phase_headline,
-    phase_runs,
-)
+from runner.views.history import phase_headline
+from runner.views.runs import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
 from runner.views.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.views.status import PhaseView, plan_status
 from runner.workspace import Workspace

@@ -158,7 +158,7 @@ def test_real_kernel_run_against_itself_on_the_shipped_plan():
 def _record(run_id, gates, phase="alpha"):
     from pathlib import Path
 
-    from runner.views.history import RunRecord
+    from runner.views.runs import RunRecord
 
     run = results(run_id=run_id, created="2026-12-01T10:00:00Z", gates=gates, phase=phase)
     return RunRecord(path=Path("/nonexistent") / run_id / "results.json", results=run, phase=phase)

@@ -8,7 +8,7 @@ import os
 import sys
 
 from runner.plan.schema import MAX_PLAN_STRING
-from runner.views.history import VIEW_MAX_RESULTS_BYTES, find_runs, find_shown_runs, phase_runs
+from runner.views.runs import VIEW_MAX_RESULTS_BYTES, find_runs, find_shown_runs, phase_runs
 from tests.runner.repo_fixtures import cli, make_repo
 from tests.runner.run_samples import check_run, gate_result, results, write_run
 
