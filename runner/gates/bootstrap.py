@@ -12,21 +12,23 @@ Decisions:
   packages are made from their folders (next to this file), so ``runner.gates.call``,
   ``runner.gates.modules`` and ``runner.gates.protocol`` load from here, whatever
   ``sys.path`` holds; no ``__init__`` runs.
-- Python puts this file's folder first on ``sys.path``; it is removed before anything else
-  is imported, so a gate's ``import log`` never finds ``runner/gates/log.py``.
+- Python puts this file's folder first on ``sys.path`` (unless ``PYTHONSAFEPATH`` is set); it
+  is removed before anything else is imported, so a gate's ``import log`` never finds
+  ``runner/gates/log.py``.
 - Once loaded, every ``runner`` module is dropped from ``sys.modules`` again: the gate's own
   imports then resolve as they would without the runner, so a repository's ``runner.checks``
   is the repository's, and an installed ``runner.gatekit`` is the installed one.
 """
 
+import os  # already loaded by the interpreter's start-up: no search of sys.path
 import sys
 
-del sys.path[0]  # this file's folder, see the module docstring
+if sys.path and os.path.realpath(sys.path[0] or os.curdir) == os.path.dirname(os.path.realpath(__file__)):
+    del sys.path[0]  # this file's folder (absent under PYTHONSAFEPATH), see the module docstring
 
 import importlib  # noqa: E402 - after the path fix above
 import importlib.machinery  # noqa: E402
 import importlib.util  # noqa: E402
-import os  # noqa: E402
 
 
 def _own_call_main():

@@ -110,3 +110,17 @@ def test_the_call_child_loads_the_runner_by_location_not_by_sys_path(tmp_path):
     proc = subprocess.run([argv[0], "-S", *argv[1:]], cwd=repo.root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"answer": 42}
+
+
+@pytest.mark.parametrize("safe_path", ["", "1"])
+def test_the_call_child_leaves_only_its_own_folder_off_sys_path(tmp_path, safe_path):
+    """A gate named like a module of runner/gates (``log``) is the repository's; with
+    ``PYTHONSAFEPATH`` the child's folder was never on ``sys.path`` and nothing else is dropped."""
+    root = tmp_path / "repo"
+    write(root, "log.py", "def run():\n    return {'answer': 42}\n")
+    argv = _command(make_gate("g", call="log:run"))
+    env = {"PATH": os.environ.get("PATH", ""), "RUNNER_METRICS": str(tmp_path / "metrics.json"),
+           "PYTHONPATH": str(root), "PYTHONSAFEPATH": safe_path}
+    proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"answer": 42}
