@@ -41,15 +41,19 @@ def check_paths(doc: PlanDocument, phase: Phase, repo_root: Path) -> None:
 
 def check_paths_committable(doc: PlanDocument, phase: Phase, repo_root: Path) -> None:
     """``PlanError`` at a path of the phase that git ignores (the checkpoint's ``git add`` would
-    refuse it after every gate passed), naming the rule; a tracked file git still commits."""
+    refuse it after every gate passed), naming the rule; a tracked file git still commits. A
+    path that does not exist yet (a gate may make it) is refused when git would ignore it as a
+    file or as a folder."""
     root = Path(repo_root)
     phase_index = next(i for i, candidate in enumerate(doc.plan.phases) if candidate.id == phase.id)
     for index, rel in enumerate(phase.paths):
         clean = posixpath.normpath(rel)
-        if clean == "." or not ((root / clean).exists() or (root / clean).is_symlink()):
-            continue  # the root itself, or a path that does not exist (nothing to add)
-        rule = ignore_rule(root, clean)
-        if rule is None or (not (root / clean).is_dir() and is_tracked(root, clean)):
+        if clean == ".":
+            continue
+        target = root / clean
+        exists = target.exists() or target.is_symlink()
+        rule = ignore_rule(root, clean) or (None if exists else ignore_rule(root, clean + "/"))
+        if rule is None or (not target.is_dir() and is_tracked(root, clean)):
             continue
         line, column = doc.position("phases", phase_index, "paths", index) or (None, None)
         raise PlanError(

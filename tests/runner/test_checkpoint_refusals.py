@@ -72,6 +72,21 @@ def test_a_phase_path_git_ignores_is_refused_before_the_gates(tmp_path, runner_e
     no_gate_ran(repo, head)
 
 
+def test_a_path_a_gate_makes_that_git_would_ignore_is_refused_before_the_gates(tmp_path, runner_env):
+    phases = default_phases()
+    phases[0]["paths"] = ["out/"]
+    phases[0]["gates"][0] = gate("build", "build", "mkdir -p out && echo made > out/file && touch ran")
+    repo = make_repo(tmp_path / "repo", phases)
+    (repo.root / ".gitignore").write_text((repo.root / ".gitignore").read_text() + "out/\n")
+    repo.git("add", ".gitignore")
+    repo.git("commit", "-q", "-m", "ignore")
+    head = repo.head()
+    result = cli(runner_env, repo.root, "advance")
+    assert result.exit_code == ExitCode.USAGE, result.text
+    assert "path 'out/' of phase alpha is ignored by git (.gitignore:4:out/" in result.stderr
+    no_gate_ran(repo, head)
+
+
 def test_a_tracked_file_that_git_ignores_is_still_a_path_the_checkpoint_commits(tmp_path, runner_env):
     phases = default_phases()
     phases[0]["paths"] = ["src/code.py"]
