@@ -25,7 +25,8 @@ from typing import Any
 
 from runner.gates.verdict import threshold_verdict
 from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES, merge_repetitions
-from runner.records.results import GateResult, check_thresholds
+from runner.records.checks import check_thresholds
+from runner.records.results import GateResult
 
 
 class _Unjudged:

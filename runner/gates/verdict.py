@@ -22,7 +22,8 @@ from runner.gates import call as callgate
 from runner.gates import output as gateoutput
 from runner.gates.protocol import GateFiles
 from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES
-from runner.records.results import MetricCheck, check_thresholds
+from runner.records.checks import check_thresholds
+from runner.records.results import MetricCheck
 
 
 @dataclass(frozen=True)

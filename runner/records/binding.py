@@ -28,7 +28,8 @@ from runner.errors import ResultsError
 from runner.plan.order import ordered_gates
 from runner.plan.samples import DEFAULT_CONFIDENCE
 from runner.plan.schema import Phase, Plan
-from runner.records.results import GateResult, ResultsFile, check_thresholds, plan_problems
+from runner.records.checks import check_thresholds
+from runner.records.results import GateResult, ResultsFile, plan_problems
 from runner.timeutil import iso_time
 
 VERDICT_FIELDS = ("kind", "run", "call", "args", "env", "requires", "timeout", "expect", "repeat", "confidence")

@@ -27,7 +27,8 @@ from pathlib import Path
 from runner.formatting import MARKDOWN_FILTERS, format_metric, one_line, table_cell
 from runner.gates.protocol import MAX_ARTIFACT_BYTES
 from runner.plan.schema import Phase, Plan
-from runner.records.results import GateResult, MetricCheck, ResultsFile, check_thresholds
+from runner.records.checks import check_thresholds
+from runner.records.results import GateResult, MetricCheck, ResultsFile
 from runner.templating import template_env
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 

@@ -17,7 +17,8 @@ from runner.formatting import format_metric, one_line
 from runner.plan.schema import Plan
 from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
-from runner.records.results import MetricCheck, ResultsFile, check_thresholds
+from runner.records.checks import check_thresholds
+from runner.records.results import MetricCheck, ResultsFile
 from runner.records.run_folder import REPORTS_DIR, headline_metrics, target_checks
 from runner.views.runs import RESULTS_NAME, PhaseRuns, RunRecord, find_runs
 from runner.views.status import CheckpointView, plan_status

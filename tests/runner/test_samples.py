@@ -20,7 +20,7 @@ from runner.plan.samples import (
     min_samples,
 )
 from runner.plan.thresholds import Threshold
-from runner.records.results import check_thresholds
+from runner.records.checks import check_thresholds
 from tests.runner.repo_fixtures import PY, cli, copy_without_git, default_phases, edit_results, gate, make_repo
 
 
