@@ -19,7 +19,9 @@ Everything that can be refused without running a gate is refused first: the plan
 paths, where the report goes, the git state, and whether the plan's bytes can take the new
 status. ``--results`` checkpoints results measured elsewhere (``runner gate --out``) after
 checking that they belong to this plan, phase, gate definitions and tree and that every
-threshold holds. An interrupt (Ctrl-C, SIGTERM) during the gates leaves the plan as it was.
+threshold holds. The results file is never part of the tree: like ``--out`` where it was
+made, it is left out of the fingerprint wherever it lies, and one under the phase's paths
+(which the checkpoint commits) is refused before anything is checked. An interrupt (Ctrl-C, SIGTERM) during the gates leaves the plan as it was.
 ``--evidence`` is ``runner.evidence``.
 """
 
@@ -37,8 +39,9 @@ from runner.gates.preflight import check_calls
 from runner.phase_run import Callbacks, PhaseRun, check_writes, judge, run_or_import, step_lines, write_up
 from runner.plan.order import next_phase
 from runner.plan.rewrite import PhaseUpdate, check_rewritable, render_updates, write_plan_text
-from runner.plan.schema import Checkpoint, OpenTarget, Phase, PhaseStatus
+from runner.plan.schema import Checkpoint, OpenTarget, Phase, PhaseStatus, plan_value
 from runner.records.machine import MachineInfo
+from runner.records.places import check_paths_committable, check_results_outside_paths
 from runner.records.results import GateResult
 from runner.records.run_folder import ReportContext, RunMeta, headline_metrics, mark_unrecorded
 from runner.repo import checkpoint as checkpoints
@@ -47,7 +50,7 @@ from runner.repo.fingerprint import TreeState
 from runner.repo.lock import repo_lock
 from runner.runs import PhaseStartFn, ResultFn, exit_code_for, interrupt_on_sigterm
 from runner.timeutil import iso_time, utc_now
-from runner.views.history import RunRecord, describe_machine, find_runs
+from runner.views.runs import RunRecord, describe_machine, find_runs
 from runner.workspace import Workspace
 
 
@@ -134,11 +137,15 @@ def advance(
 
 def _refuse_early(ws: Workspace, phase: Phase, results_path: Path | None) -> None:
     """What can be refused before any gate runs: a ``call:`` that names no code (unless the
-    gates ran elsewhere), paths and reports outside the repository, a plan whose bytes cannot
-    take the phase's new status (``PlanError``)."""
+    gates ran elsewhere), paths and reports outside the repository, a path git ignores, a
+    results file under the phase's paths, a plan whose bytes cannot take the phase's new status
+    (``PlanError``)."""
     if results_path is None:
         check_calls(ws.doc, phase, ws.root)
     check_writes(ws, phase, git=True)
+    check_paths_committable(ws.doc, phase, ws.root)
+    if results_path is not None:
+        check_results_outside_paths(phase, ws.root, results_path)
     check_rewritable(ws.doc, phase.id)
 
 
@@ -228,7 +235,7 @@ def _checkpoint(
     messages: list[str],
 ) -> AdvanceOutcome:
     tag = f"{ws.plan.id}/{phase.id}"
-    metrics = headline_metrics(phase, run.gates)
+    metrics = {name: plan_value(value) for name, value in headline_metrics(phase, run.gates).items()}
     checkpoint = Checkpoint(
         tag=tag,
         base=base,
@@ -256,12 +263,13 @@ def _checkpoint(
 
 
 def open_targets(gates: list[GateResult]) -> dict[str, OpenTarget]:
-    """The targets the gates missed, by metric (the first gate's, when two aim at one metric)."""
+    """The targets the gates missed, by metric (the first gate's, when two aim at one metric),
+    each value as the plan keeps it (``plan_value``)."""
     found: dict[str, OpenTarget] = {}
     for gate in gates:
         for check in gate.targets:
             if not check.ok and check.metric not in found:
-                found[check.metric] = OpenTarget(target=check.threshold, value=check.value)
+                found[check.metric] = OpenTarget(target=check.threshold, value=plan_value(check.value))
     return found
 
 

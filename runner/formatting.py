@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 """Characters that end a line or steer a terminal: C0 and C1 controls, DEL, the Unicode line
@@ -16,10 +17,15 @@ and paragraph separators."""
 
 
 def format_metric(value: object, digits: int = 4) -> str:
-    """A metric as text: floats to ``digits`` significant digits (``.4g``), anything else as
-    ``str`` on one line (``one_line``: a string a gate reported cannot steer a terminal)."""
+    """A metric as text: floats to ``digits`` significant digits (``.4g``), samples (a list of
+    numbers) as their median and count (``2.31 (median of 20)``), anything else as ``str`` on
+    one line (``one_line``: a string a gate reported cannot steer a terminal)."""
     if isinstance(value, float):
         return format(value, f".{digits}g")
+    if isinstance(value, list) and value and all(
+        isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item) for item in value
+    ):
+        return f"{format_metric(float(statistics.median(value)), digits)} (median of {len(value)})"
     return one_line(value)
 
 

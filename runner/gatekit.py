@@ -109,16 +109,30 @@ def progress(done: int, total: int | None = None) -> None:
         handle.write(json.dumps(record) + "\n")
 
 
-def write_metrics(metrics: Mapping[str, bool | int | float | str]) -> Path | None:
-    """Write the gate's metrics (a shell gate's way to report them); returns the file or ``None``."""
+def write_metrics(metrics: Mapping[str, bool | int | float | str | Sequence[int | float]]) -> Path | None:
+    """Write the gate's metrics (a shell gate's way to report them); returns the file or ``None``.
+
+    A metric may be a list (or tuple) of numbers: its samples, whose thresholds the runner
+    judges on a confidence interval of their median.
+    """
     target = os.environ.get(METRICS_ENV)
     if not target:
         return None
-    bad = [key for key, value in metrics.items() if not isinstance(value, (bool, int, float, str))]
+    data: dict[str, object] = {}
+    bad = []
+    for key, value in metrics.items():
+        if isinstance(value, (list, tuple)) and all(
+            isinstance(item, (int, float)) and not isinstance(item, bool) for item in value
+        ):
+            data[key] = list(value)
+        elif isinstance(value, (bool, int, float, str)):
+            data[key] = value
+        else:
+            bad.append(key)
     if bad:
-        raise ValueError(f"Expected metrics of numbers, strings or booleans, got non-scalars for {bad}")
+        raise ValueError(f"Expected metrics of numbers, strings, booleans or lists of numbers, got others for {bad}")
     path = Path(target)
-    path.write_text(json.dumps(dict(metrics), allow_nan=True) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(data, allow_nan=True) + "\n", encoding="utf-8")
     return path
 
 

@@ -23,7 +23,7 @@ from runner.plan.schema import Phase
 from runner.records import machine as machine_probe
 from runner.records.binding import gate_definitions, load_matching_results
 from runner.records.machine import MachineInfo
-from runner.records.places import check_paths, check_reports
+from runner.records.places import check_paths, check_reports, check_run_folder
 from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
 from runner.records.run_folder import ReportContext, RunMeta, write_report
 from runner.records.run_folder import REPORTS_DIR, safe_name
@@ -63,10 +63,12 @@ class PhaseRun:
 
 def check_writes(ws: Workspace, phase: Phase, *, git: bool) -> None:
     """Before any gate: the phase's paths stay in the repository, and its run folder would be
-    a writable folder of the repository that git does not ignore (``runner.records.places``)."""
+    a writable folder of the repository that git does not ignore, reached through no symbolic
+    link (``runner.records.places``)."""
     check_paths(ws.doc, phase, ws.root)
     parent = ws.root / REPORTS_DIR / safe_name(ws.plan.id) / safe_name(phase.id)
     check_reports(ws.root, REPORTS_DIR, parent, ws.plan_rel, git=git)
+    check_run_folder(ws.root, REPORTS_DIR, parent)
 
 
 def step_lines(phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> list[str]:

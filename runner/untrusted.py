@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import sys
 import stat
 from pathlib import Path
 from typing import Any
@@ -83,9 +83,6 @@ def parse_json(
             raise UntrustedFileError(f"{what} is not UTF-8 (byte {exc.start}: {exc.reason})") from None
     else:
         text = data
-    depth = _max_depth(text)
-    if depth > max_depth:
-        raise UntrustedFileError(f"{what} nests JSON {depth} levels deep, over the limit of {max_depth}")
     try:
         value = json.loads(text, parse_int=_parse_int, object_pairs_hook=_unique if unique_keys else None)
     except _DuplicateKey as exc:
@@ -94,8 +91,15 @@ def parse_json(
         raise UntrustedFileError(f"{what} holds an integer {exc}") from None
     except json.JSONDecodeError as exc:
         raise UntrustedFileError(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:  # the decoder stops at the interpreter's recursion limit
+        raise UntrustedFileError(
+            f"{what} nests JSON more than {sys.getrecursionlimit()} levels deep, over the limit of {max_depth}"
+        ) from None
+    except ValueError as exc:
         raise UntrustedFileError(f"{what} is not valid JSON ({exc})") from None
+    depth = _max_depth(value)
+    if depth > max_depth:
+        raise UntrustedFileError(f"{what} nests JSON {depth} levels deep, over the limit of {max_depth}")
     bad = _lone_surrogate(value)
     if bad is not None:
         raise UntrustedFileError(f"{what} holds a string with a lone surrogate ({bad!r}); write valid Unicode")
@@ -131,20 +135,20 @@ def _parse_int(text: str) -> int:
     return value
 
 
-_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-
-
-def _max_depth(text: str) -> int:
-    """The deepest nesting of ``[``/``{`` outside strings. A regular-expression scan: each string
-    is one match, so a file of a few large strings (artifacts) costs no Python loop per byte."""
-    depth = deepest = 0
-    for token in _STRUCTURE.finditer(text):
-        char = token.group()
-        if char in "[{":
-            depth += 1
+def _max_depth(value: Any) -> int:
+    """The deepest nesting of arrays and objects in a parsed value (``{"a": [1]}``: 2), walked
+    without recursion. Walking what the decoder made costs a step per container and item, not
+    per byte: a file of a few large strings (artifacts, string metrics) is not scanned again."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
             deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
+            stack.extend((child, depth + 1) for child in item.values() if isinstance(child, (dict, list)))
+        elif isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
     return deepest
 
 

@@ -19,7 +19,8 @@ def advance(
         typer.Option(
             "--results", metavar="FILE",
             help="Checkpoint results written by `runner gate PHASE --out FILE` on another machine "
-            "instead of running the gates here.",
+            "instead of running the gates here. The file is no part of the tree (left out of its "
+            "fingerprint) and may not lie under the phase's paths.",
         ),
     ] = None,
     phase: Annotated[

@@ -13,7 +13,8 @@ from runner.formatting import format_metric, json_text, one_line, short, text_co
 from runner.plan.schema import Phase, Plan
 from runner.records.results import MetricCheck
 from runner.records.run_folder import headline_metrics, target_checks
-from runner.views.history import RunRecord, describe_machine, describe_targets, find_runs, plan_checkpoints
+from runner.views.history import describe_targets, plan_checkpoints
+from runner.views.runs import RunRecord, describe_machine, find_runs
 from runner.workspace import open_workspace
 
 

@@ -13,15 +13,8 @@ from rich.table import Table
 from runner.cli._common import PLAN_HELP, domain_errors, stdout_console
 from runner.formatting import format_metric, json_text, one_line
 from runner.records.results import MetricCheck
-from runner.views.history import (
-    PhaseRuns,
-    describe_phase,
-    describe_targets,
-    find_runs,
-    phase_headline,
-    phase_runs,
-    phase_targets,
-)
+from runner.views.history import describe_phase, describe_targets, phase_headline, phase_targets
+from runner.views.runs import PhaseRuns, find_shown_runs
 from runner.views.status import StatusView, plan_status
 from runner.workspace import open_workspace
 
@@ -34,9 +27,8 @@ def status(
     with domain_errors():
         ws = open_workspace(plan)
         view = plan_status(ws)
-        scan = find_runs(ws.root, ws.plan.id)
-        runs = phase_runs(scan)
-    for problem in scan.skipped:
+        runs, skipped = find_shown_runs(ws.root, ws.plan.id)
+    for problem in skipped:
         typer.echo(f"runner: warning: {problem}", err=True)
     described = {p.id: describe_phase(p.status, runs.get(p.id), socket.gethostname()) for p in view.phases}
     facts = {

@@ -1,4 +1,6 @@
-"""Child process of a callable gate: ``python -m runner.gates.call pkg.mod:func --args-json '{...}'``.
+"""Child process of a callable gate: ``python -m runner.gates.call pkg.mod:func --args-json '{...}'``
+(the runner starts it through ``runner/gates/bootstrap.py``, so a repository's own ``runner``
+never replaces this module).
 
 Imports ``pkg.mod`` from the current directory (the repository root) first: the root is first
 on ``sys.path``, and ``pkg`` is taken from the root when the root has it, also as a folder
@@ -15,7 +17,7 @@ status          exit  meaning
 ==============  ====  ==============================================================
 ``ok``          0     the function returned a dict of metrics; they were written
 ``raised``      1     the function raised; its traceback is on stderr
-``bad_return``  2     it returned something other than a dict of JSON scalars
+``bad_return``  2     it returned something other than a dict of JSON scalars and lists of numbers
 ``not_loaded``  3     the callable could not be imported, found or called with ``args``
 ==============  ====  ==============================================================
 
@@ -114,24 +116,43 @@ def _load(target: str, args_json: str) -> tuple[Callable[..., object], dict[str,
     return obj, args
 
 
-def _metrics_of(returned: object) -> dict[str, bool | int | float | str]:
+def _metrics_of(returned: object) -> dict[str, object]:
     if not isinstance(returned, dict):
         raise _Stop(
             STATUS_BAD_RETURN,
             f"returned {type(returned).__name__}, expected a dict of metrics",
         )
-    metrics: dict[str, bool | int | float | str] = {}
+    metrics: dict[str, object] = {}
     for key, value in returned.items():
         if not isinstance(key, str):
             raise _Stop(STATUS_BAD_RETURN, f"metric name {key!r} is not a string")
-        scalar = _scalar(value)
-        if scalar is None:
+        metric = _scalar(value)
+        if metric is None:
+            metric = _samples(value)
+        if metric is None:
             raise _Stop(
                 STATUS_BAD_RETURN,
-                f"metric {key!r} is a {type(value).__name__}; metrics are numbers, strings or booleans",
+                f"metric {key!r} is a {type(value).__name__}; metrics are numbers, strings, booleans "
+                "or lists of numbers (samples)",
             )
-        metrics[key] = scalar
+        metrics[key] = metric
     return metrics
+
+
+def _samples(value: object) -> list[int | float] | None:
+    """``value`` as a list of numbers (a list, a tuple, or an array with ``tolist``), or ``None``."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and not isinstance(value, (list, tuple)):
+        try:
+            value = tolist()
+        except Exception:
+            return None
+    if not isinstance(value, (list, tuple)):
+        return None
+    items = [_scalar(item) for item in value]
+    if any(isinstance(item, bool) or not isinstance(item, (int, float)) for item in items):
+        return None
+    return items  # type: ignore[return-value]
 
 
 def _scalar(value: object) -> bool | int | float | str | None:
@@ -149,7 +170,7 @@ def _scalar(value: object) -> bool | int | float | str | None:
     return None
 
 
-def _write_metrics(metrics: dict[str, bool | int | float | str]) -> None:
+def _write_metrics(metrics: dict[str, object]) -> None:
     text = json.dumps(metrics, allow_nan=True, sort_keys=False)
     target = os.environ.get(METRICS_ENV)
     if target:

@@ -14,9 +14,11 @@ in the gate's reason and log. The runner stops reading the gate's output once th
 A gate killed by SIGKILL that the runner did not send is reported as ``killed by SIGKILL (out
 of memory?)``: the kernel's out-of-memory killer is the usual sender.
 
-The gate's ``PYTHONPATH`` starts with the repository root (so the project's own packages and
-``runner`` import), followed by the folder this ``runner`` package was loaded from when that
-is elsewhere (so a callable gate runs this runner's ``runner.gates.call``).
+The gate's ``PYTHONPATH`` starts with the repository root (so the project's own packages
+import), followed by the folder this ``runner`` package was loaded from when that is elsewhere
+(so a gate can import ``runner.gatekit``). A callable gate's child is started by the file path
+of this runner's ``runner/gates/bootstrap.py``, which loads this runner's
+``runner.gates.call`` by location: a repository with a ``runner`` of its own cannot hide it.
 
 ``$RUNNER_ARTIFACTS`` names a fresh folder for each gate: the small UTF-8 text files the gate
 leaves directly in it (at most ``MAX_ARTIFACTS`` files of at most ``MAX_ARTIFACT_BYTES`` each)
@@ -49,6 +51,7 @@ from runner.gates import output as gateoutput
 from runner.gates.log import HEAD_BYTES, CappedLog, OutputPump
 from runner.gates.procgroup import adopt_orphans, end_escaped, end_group, own_children, with_parent_death_signal
 from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
+from runner.gates.repeat import run_repeated
 from runner.gates.verdict import Verdict, judge
 from runner.records.results import GateResult
 from runner.timeutil import iso_ms
@@ -62,6 +65,7 @@ _PROGRESS_POLL_S = 0.25  # how often a running gate's progress file is read
 _ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
 
 _RUNNER_ROOT = Path(runner.__file__).resolve().parent.parent
+_BOOTSTRAP = Path(__file__).resolve().with_name("bootstrap.py")  # a call: gate's child, by file path
 
 
 class GateLike(Protocol):
@@ -237,7 +241,8 @@ def run_steps(
     A ``blocked`` step becomes a BLOCKED result without a process. After the first FAIL or
     ERROR every remaining step is SKIPPED; with ``keep_going`` the later gates run anyway
     (to collect all the evidence in one run), except that a benchmark gate is SKIPPED unless
-    every verify gate before it passed: correct before fast. Logs go to ``log_dir/<gate name>.log``;
+    every verify gate before it passed: correct before fast. A gate with ``repeat: N`` runs N
+    times (``runner.gates.repeat``). Logs go to ``log_dir/<gate name>.log``;
     ``on_result`` is called with each result as soon as it is known. ``run_gate_fn`` is
     called like ``run_gate`` (tests pass a fake), ``on_progress`` included. ``on_start`` is
     called with the gate's name and its log file just before a gate's process starts.
@@ -264,8 +269,9 @@ def run_steps(
             log_path = log_dir / _log_name(gate.name, used_names)
             if on_start is not None:
                 on_start(gate.name, log_path)
-            res = run_gate_fn(
+            res = run_repeated(
                 gate,
+                run_gate_fn=run_gate_fn,
                 repo_root=repo_root,
                 log_path=log_path,
                 env=env,
@@ -295,7 +301,7 @@ def _command(gate: GateLike) -> list[str]:
         return ["bash", "-c", run]
     if call:
         args = getattr(gate, "args", None) or {}
-        return [sys.executable, "-m", "runner.gates.call", call, "--args-json", json.dumps(args)]
+        return [sys.executable, str(_BOOTSTRAP), call, "--args-json", json.dumps(args)]
     raise ValueError(f"gate {gate.name!r} has neither run nor call")
 
 
@@ -305,7 +311,7 @@ def _child_env(gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None,
     env.update(getattr(gate, "env", None) or {})
     path_entries = [str(repo_root.resolve())]
     if _RUNNER_ROOT != repo_root.resolve():
-        path_entries.append(str(_RUNNER_ROOT))  # the child runs this runner's runner.gates.call
+        path_entries.append(str(_RUNNER_ROOT))  # a gate's import of runner.gatekit
     if env.get("PYTHONPATH"):
         path_entries.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path_entries)

@@ -10,9 +10,9 @@ from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
+from runner.gates.protocol import MAX_METRICS_BYTES
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 
-MAX_METRICS_BYTES = 1 << 20
 MAX_PROGRESS_TAIL_BYTES = 4096
 MAX_STATUS_BYTES = 64 << 10
 

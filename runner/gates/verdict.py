@@ -1,6 +1,8 @@
 """Turn what a gate process did (exit status, status file, metrics file) into its outcome.
 
 Targets (``targets:``) are checked like thresholds and recorded, but never enter the verdict.
+A metric may be a list of numbers (samples); its thresholds are judged at the gate's
+``confidence`` (``runner.plan.samples``).
 
 Precedence: a timeout, then a callable that could not be loaded (ERROR) or raised (FAIL), then
 a signal, then a non-zero exit, then a callable whose child exited 0 without its status line
@@ -19,7 +21,9 @@ from typing import Any
 from runner.gates import call as callgate
 from runner.gates import output as gateoutput
 from runner.gates.protocol import GateFiles
-from runner.records.results import MetricCheck, check_thresholds
+from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES
+from runner.records.checks import check_thresholds
+from runner.records.results import MetricCheck
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,10 @@ def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, fi
     sig_name = _signal_name(-returncode) if returncode < 0 else None
     metrics, metrics_problem = _read_metrics(files.metrics)
     expect = getattr(gate, "expect", None) or {}
-    checks = check_thresholds(expect, metrics) if metrics_problem is None else []
-    targets = check_thresholds(getattr(gate, "targets", None) or {}, metrics) if metrics_problem is None else []
+    confidence = getattr(gate, "confidence", DEFAULT_CONFIDENCE)
+    checks = check_thresholds(expect, metrics, confidence) if metrics_problem is None else []
+    targets = (check_thresholds(getattr(gate, "targets", None) or {}, metrics, confidence)
+               if metrics_problem is None else [])
     fields = {"metrics": metrics, "checks": checks, "targets": targets, "exit_code": exit_code,
               "signal": sig_name}
     status = (
@@ -69,10 +75,17 @@ def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, fi
         )
     if metrics_problem is not None:
         return Verdict("ERROR", metrics_problem, **fields)
+    outcome, reason = threshold_verdict(checks)
+    return Verdict(outcome, reason, **fields)
+
+
+def threshold_verdict(checks: list[MetricCheck], ran: str = "exited with code 0") -> tuple[str, str]:
+    """``FAIL`` with the failed checks' reasons, or ``PASS`` saying what ``ran`` and how many
+    thresholds held: the verdict on a gate whose process(es) exited 0."""
     failed = [check for check in checks if not check.ok]
     if failed:
-        return Verdict("FAIL", "; ".join(_check_reason(check) for check in failed), **fields)
-    return Verdict("PASS", _pass_reason(checks), **fields)
+        return "FAIL", "; ".join(_check_reason(check) for check in failed)
+    return "PASS", f"{ran}; {len(checks)} threshold(s) met" if checks else ran
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:
@@ -82,26 +95,25 @@ def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:
         return {}, problem
     if not isinstance(data, dict):
         return {}, f"metrics file holds a JSON {type(data).__name__}, not an object"
-    bad = [key for key, value in data.items() if not _is_scalar(value)]
+    bad = [key for key, value in data.items() if not _is_metric(value)]
     if bad:
         return {}, (
-            f"metric(s) {', '.join(repr(k) for k in bad)} are not numbers, strings or booleans"
+            f"metric(s) {', '.join(repr(k) for k in bad)} are not numbers, strings, booleans or "
+            f"lists of at most {MAX_SAMPLES} numbers (samples)"
         )
     return data, None
 
 
-def _is_scalar(value: object) -> bool:
+def _is_metric(value: object) -> bool:
+    if isinstance(value, list):
+        return len(value) <= MAX_SAMPLES and all(
+            isinstance(item, (int, float)) and not isinstance(item, bool) for item in value
+        )
     return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _check_reason(check: MetricCheck) -> str:
     return f"{check.metric}: {check.reason}"
-
-
-def _pass_reason(checks: list[MetricCheck]) -> str:
-    if not checks:
-        return "exited with code 0"
-    return f"exited with code 0; {len(checks)} threshold(s) met"
 
 
 def _exit_reason(gate: Any, returncode: int) -> str:

@@ -51,7 +51,9 @@ class PlanDocument:
     ``front_matter_start``/``front_matter_end`` delimit the YAML inside ``text`` (the
     whole text for a YAML plan); ``status_section`` is the span between the status
     markers, or ``None`` when the file has no markers. ``yaml_data`` is the round-trip
-    YAML tree, which knows where every value sits (see ``position``).
+    YAML tree, which knows where every value sits (see ``position``); ``yaml_node`` the
+    composed node tree it was built from, whose marks give each value's character span
+    (``runner.plan.rewrite`` edits by them without composing the text again).
     """
 
     path: Path
@@ -62,6 +64,7 @@ class PlanDocument:
     front_matter_end: int
     status_section: tuple[int, int] | None = None
     yaml_data: Any = field(default=None, compare=False, repr=False)
+    yaml_node: Any = field(default=None, compare=False, repr=False)
 
     @property
     def front_matter(self) -> str:
@@ -131,7 +134,7 @@ def _parse_plan(text: str, *, path: Path, format: PlanFormat) -> PlanDocument:
     else:
         start, end, body_start = _split_front_matter(text, path)
     line_offset = text.count("\n", 0, start)
-    data = _load_yaml(text[start:end], path=path, line_offset=line_offset)
+    data, node = _load_yaml(text[start:end], path=path, line_offset=line_offset)
     if not isinstance(data, dict):
         got = "nothing" if data is None else _type_name(data)
         raise PlanError(
@@ -154,6 +157,7 @@ def _parse_plan(text: str, *, path: Path, format: PlanFormat) -> PlanDocument:
         front_matter_end=end,
         status_section=section,
         yaml_data=data,
+        yaml_node=node,
     )
 
 
@@ -225,12 +229,16 @@ def _find_status_section(text: str, body_start: int, path: Path) -> tuple[int, i
     return body_start + begins[0] + len(STATUS_BEGIN), body_start + ends[0]
 
 
-def _load_yaml(yaml_text: str, *, path: Path, line_offset: int) -> Any:
-    """Round-trip load, so every mapping and sequence knows the line/column of its items."""
+def _load_yaml(yaml_text: str, *, path: Path, line_offset: int) -> tuple[Any, Any]:
+    """Round-trip load, so every mapping and sequence knows the line/column of its items, as
+    ``(data, node)``: the text is composed once and the data constructed from that node tree
+    (what ``YAML.load`` does inside), which is kept for the rewrite."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. a reused anchor: legal YAML, not our concern
-            return YAML(typ="rt").load(yaml_text)
+            yaml = YAML(typ="rt")
+            node = yaml.compose(yaml_text)
+            return (yaml.constructor.construct_document(node) if node is not None else None), node
     except MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         problem = " ".join(p for p in (error.context, error.problem) if p) or "invalid YAML"

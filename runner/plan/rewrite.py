@@ -65,18 +65,26 @@ def render_updates(doc: PlanDocument, updates: dict[str, PhaseUpdate]) -> str:
     unchanged. Raises ``PlanError`` for an unknown phase id, a flow-style phase, or when
     the edited text would not re-parse to exactly the expected plan.
     """
+    return _render(doc, updates, _phase_nodes(doc), verify=True)
+
+
+def _render(doc: PlanDocument, updates: dict[str, PhaseUpdate], nodes: dict[str, MappingNode], *,
+            verify: bool) -> str:
+    """``render_updates`` with the phases' YAML nodes already composed; ``verify``: re-parse
+    the result (every text that is written is verified)."""
     _check_updates(doc.plan, updates)
     expected = _updated_plan(doc.plan, updates)
     if _plain(expected) == _plain(doc.plan):
         return doc.text
-    edits = _phase_edits(doc, expected)
+    edits = _phase_edits(doc, expected, nodes)
     if doc.status_section is not None:
         start, end = doc.status_section
         newline = _newline_at(doc.text, start)
         table = render_status_section(expected).replace("\n", newline)
         edits.append(_Edit(start, end, 0, newline + table))
     new_text = _apply(doc.text, edits)
-    _verify(doc, new_text, expected)
+    if verify:
+        _verify(doc, new_text, expected)
     return new_text
 
 
@@ -89,9 +97,19 @@ _SAMPLE_CHECKPOINT = Checkpoint(
 def check_rewritable(doc: PlanDocument, phase_id: str) -> None:
     """``PlanError`` now, before any gate runs, when the runner could not record an outcome of
     ``phase_id`` in the plan's bytes (a phase written as a flow mapping ``{id: ..., ...}``, a
-    status that is not a one-line scalar): every update a run may make is rendered and dropped."""
-    for update in (PhaseUpdate("failed"), PhaseUpdate("blocked"), PhaseUpdate("complete", _SAMPLE_CHECKPOINT)):
-        render_updates(doc, {phase_id: update})
+    status that is not a one-line scalar, YAML whose edit would move more than the status):
+    every update a run may make is rendered and dropped.
+
+    The front matter is composed once for all of them, and only the update that edits the
+    most (``complete`` with a checkpoint) is re-parsed: ``failed`` and ``blocked`` edit the
+    same status scalar to another plain word and leave the checkpoint alone. On a plan of
+    thousands of gates each YAML pass takes seconds; this check once took six of them. A text
+    that is written is always verified in full (``render_updates``).
+    """
+    nodes = _phase_nodes(doc)
+    for update in (PhaseUpdate("failed"), PhaseUpdate("blocked")):
+        _render(doc, {phase_id: update}, nodes, verify=False)
+    _render(doc, {phase_id: PhaseUpdate("complete", _SAMPLE_CHECKPOINT)}, nodes, verify=True)
 
 
 def render_status_section(plan: Plan) -> str:
@@ -148,9 +166,8 @@ def _updated_plan(plan: Plan, updates: dict[str, PhaseUpdate]) -> Plan:
 # --- locating and editing the YAML --------------------------------------------------------
 
 
-def _phase_edits(doc: PlanDocument, expected: Plan) -> list[_Edit]:
+def _phase_edits(doc: PlanDocument, expected: Plan, nodes: dict[str, MappingNode]) -> list[_Edit]:
     """Edits for every phase whose status or checkpoint differs from the document."""
-    nodes = _phase_nodes(doc)
     edits: list[_Edit] = []
     for old, new in zip(doc.plan.phases, expected.phases, strict=True):
         status_changed = old.status != new.status
@@ -161,8 +178,9 @@ def _phase_edits(doc: PlanDocument, expected: Plan) -> list[_Edit]:
 
 
 def _phase_nodes(doc: PlanDocument) -> dict[str, MappingNode]:
-    """The mapping node of each phase, by id, from a fresh compose of the front matter."""
-    root = YAML(typ="rt").compose(doc.front_matter)
+    """The mapping node of each phase, by id, from the node tree the plan was loaded from (a
+    fresh compose of the front matter for a document made without one)."""
+    root = doc.yaml_node if doc.yaml_node is not None else YAML(typ="rt").compose(doc.front_matter)
     phases = _value_of(root, "phases") if isinstance(root, MappingNode) else None
     found: dict[str, MappingNode] = {}
     for item in getattr(phases, "value", None) or []:

@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from runner.errors import UsageError
+from runner.plan.samples import DEFAULT_CONFIDENCE, representative
 from runner.plan.thresholds import Threshold
 
 SCHEMA_VERSION = 1
@@ -40,6 +41,25 @@ CALL_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 MetricValue = bool | int | float | str
+
+MAX_REPEAT = 1000
+"""The most times one gate may be repeated (``repeat:``)."""
+
+MAX_PLAN_STRING = 200
+"""The most characters of a string metric the runner writes into a plan (a checkpoint's
+``metrics`` and ``open_targets``, and so the status table and the commit message): a longer
+one is cut to its first ``MAX_PLAN_STRING - 1`` characters and ``…``. The run's report and
+``results.json`` keep the whole value."""
+
+
+def plan_value(value: object) -> MetricValue | None:
+    """``value`` as the runner writes it into a plan: a string cut to ``MAX_PLAN_STRING``
+    characters (see there), a list of samples as its median; anything else unchanged."""
+    if isinstance(value, str) and len(value) > MAX_PLAN_STRING:
+        return value[: MAX_PLAN_STRING - 1] + "\u2026"
+    if isinstance(value, list):
+        return representative(value)
+    return value  # type: ignore[return-value]
 
 
 def _parse_tolerance(value: object) -> object:
@@ -64,6 +84,30 @@ def _parse_tolerance(value: object) -> object:
         )
     return value
 
+
+def _check_confidence(value: object) -> object:
+    """A confidence is a fraction strictly between 0 and 1 (``0.95``), never a percentage."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise PydanticCustomError(
+            "confidence",
+            "a confidence is a fraction between 0 and 1 such as 0.95 (for 95%), got {value}",
+            {"value": repr(value)},
+        )
+    return float(value)
+
+
+def _check_repeat(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
+        raise PydanticCustomError(
+            "repeat",
+            "repeat is how many times the gate runs, a whole number from 1 to {most}, got {value}",
+            {"value": repr(value), "most": MAX_REPEAT},
+        )
+    return value
+
+
+Confidence = Annotated[float, BeforeValidator(_check_confidence)]
+Repeat = Annotated[int, BeforeValidator(_check_repeat)]
 
 Tolerance = Annotated[float, BeforeValidator(_parse_tolerance), Field(ge=0, allow_inf_nan=False)]
 """How much worse than its baseline a metric may get before a diff calls it a regression."""
@@ -90,6 +134,11 @@ class Gate(_Model):
     changes a verdict. ``tolerance`` maps metrics to the relative change for the worse
     (``0.05`` or ``"5%"``) that ``runner diff`` accepts before it calls a run a regression
     against a baseline from the same machine.
+
+    ``repeat`` runs the gate that many times (each with its own ``timeout``) and collects each
+    number it reports into samples; a gate may also report a list of numbers itself. A
+    threshold on samples is judged on the ``confidence`` interval of their median
+    (``runner.plan.samples``); a single number is judged as it is.
     """
 
     name: Identifier
@@ -103,6 +152,8 @@ class Gate(_Model):
     expect: dict[str, Threshold] = Field(default_factory=dict)
     targets: dict[str, Threshold] = Field(default_factory=dict)
     tolerance: dict[str, Tolerance] = Field(default_factory=dict)
+    repeat: Repeat = 1
+    confidence: Confidence = DEFAULT_CONFIDENCE
 
     @model_validator(mode="after")
     def _one_command(self) -> Gate:

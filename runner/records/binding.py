@@ -9,7 +9,9 @@ everything that decides a verdict), and an import is refused unless they equal t
 Decisions:
 
 - A definition is what decides whether and how a gate's process runs and how its outcome is
-  judged: ``kind``, ``run``, ``call``, ``args``, ``env``, ``requires``, ``timeout``, ``expect``.
+  judged: ``kind``, ``run``, ``call``, ``args``, ``env``, ``requires``, ``timeout``, ``expect``,
+  ``repeat``, ``confidence``. Results written before the last two existed carry neither; they
+  read as the defaults (one run, 0.95), which is what those runs were.
   ``targets`` and ``tolerance`` are left out: they never change a verdict, and editing them must
   not make results measured on a GPU host unusable.
 - Thresholds are also re-checked against the recorded metrics here, and the recorded target
@@ -24,11 +26,14 @@ from typing import Any
 
 from runner.errors import ResultsError
 from runner.plan.order import ordered_gates
+from runner.plan.samples import DEFAULT_CONFIDENCE
 from runner.plan.schema import Phase, Plan
-from runner.records.results import GateResult, ResultsFile, check_thresholds, plan_problems
+from runner.records.checks import check_thresholds
+from runner.records.results import GateResult, ResultsFile, plan_problems
 from runner.timeutil import iso_time
 
-VERDICT_FIELDS = ("kind", "run", "call", "args", "env", "requires", "timeout", "expect")
+VERDICT_FIELDS = ("kind", "run", "call", "args", "env", "requires", "timeout", "expect", "repeat", "confidence")
+_ADDED_LATER = {"repeat": 1, "confidence": DEFAULT_CONFIDENCE}  # what a definition without them meant
 
 
 def gate_definitions(phase: Phase) -> dict[str, dict[str, Any]]:
@@ -51,7 +56,7 @@ def definition_problems(recorded: dict[str, dict[str, Any]] | None, phase: Phase
         if other is None:
             continue  # a missing gate is reported by the caller
         for field in VERDICT_FIELDS:
-            if other.get(field) != definition.get(field):
+            if other.get(field, _ADDED_LATER.get(field)) != definition.get(field):
                 problems.append(
                     f"gate {name!r}: {field} differs (results: {_short(other.get(field))}, "
                     f"plan: {_short(definition.get(field))})"
@@ -103,14 +108,15 @@ def load_matching_results(
             continue
         if result.outcome != "PASS":
             continue
-        for check in check_thresholds(gate.expect, result.metrics):
+        for check in check_thresholds(gate.expect, result.metrics, gate.confidence):
             if not check.ok:
                 problems.append(f"gate {gate.name!r}: {check.metric} {check.reason} (plan: {check.threshold})")
     if problems:
         doing = "record evidence for" if evidence else "checkpoint"
         raise ResultsError(f"{where} refusing to {doing} {phase.id}: " + "; ".join(problems))
     gates = [
-        gate.model_copy(update={"targets": check_thresholds(phase.gate(gate.name).targets, gate.metrics)})
+        gate.model_copy(update={"targets": check_thresholds(phase.gate(gate.name).targets, gate.metrics,
+                                                            phase.gate(gate.name).confidence)})
         for gate in phase_results.gates
     ]
     phases = [p.model_copy(update={"gates": gates}) if p.phase == phase.id else p for p in results.phases]

@@ -1,6 +1,6 @@
 """Gate and phase results, and the results file that carries them between machines.
 
-Metric values are JSON numbers, strings or booleans. A NaN or infinite metric is kept as it
+Metric values are JSON numbers, strings, booleans or lists of numbers (samples). A NaN or infinite metric is kept as it
 was reported: the results file writes it as the ``NaN`` / ``Infinity`` literals that Python's
 ``json`` module reads back, so a NaN travels as a NaN and fails its threshold again wherever
 the file is re-checked (it never turns into ``null`` or ``0.0``).
@@ -9,34 +9,35 @@ the file is re-checked (it never turns into ``null`` or ``0.0``).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
 
 from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS
+from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
+from runner.plan.samples import MAX_SAMPLES, is_samples
 from runner.plan.schema import GATE_KINDS, ID_PATTERN
 from runner.records.machine import MachineInfo
 from runner.timeutil import iso_ms
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 
-if TYPE_CHECKING:
-    from runner.plan.thresholds import Threshold
-
 RESULTS_SCHEMA = 1
 MAX_RESULTS_BYTES = 64 << 20
 MAX_RESULTS_DEPTH = 16
 _ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
+# Where a run folder keeps an artifact: artifacts/<gate>/<name>, or <gate>-<name> in older runs.
+_ARTIFACT_FILE = re.compile(rf"(?:artifacts/{ID_PATTERN.strip('^$')}/)?{ARTIFACT_NAME_PATTERN}")
 
 Outcome = Literal["PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"]
-MetricValue = bool | int | float | str | None
+Samples = list[int | float]
+"""A metric reported as a list of numbers (``runner.plan.samples``)."""
+MetricValue = bool | int | float | str | None | Samples
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
@@ -74,16 +75,34 @@ class MetricCheck(BaseModel):
     (``None`` when it reported nothing); ``reason`` says why the check failed, or restates the
     comparison when it held; ``gap`` is how far the value is from the threshold (0 when met,
     ``None`` when no distance says it: see ``Threshold.gap``).
+
+    For a metric reported as samples, ``value`` is their median, ``samples`` how many there
+    were, ``interval`` the ``[low, high]`` interval of the median at ``confidence`` on which
+    the threshold was judged (``None`` when there were too few samples for one).
     """
 
     model_config = _MODEL_CONFIG
 
     metric: str
     threshold: str
-    value: MetricValue
+    value: bool | int | float | str | None
     ok: bool
     reason: str
     gap: float | None = None
+    samples: int | None = None
+    interval: list[float] | None = None
+    confidence: float | None = None
+
+    @property
+    def value_text(self) -> str:
+        """The value as a report shows it: ``2.31``, or for samples ``2.31 (median of 20; 95%
+        interval [2.1, 2.5])``."""
+        text = format_metric(self.value)
+        if self.samples is None:
+            return text
+        where = (f"; {self.confidence * 100:g}% interval [{format_metric(self.interval[0])}, "
+                 f"{format_metric(self.interval[1])}]") if self.interval and self.confidence else ""
+        return f"{text} (median of {self.samples}{where})"
 
     @property
     def shortfall(self) -> str:
@@ -245,7 +264,7 @@ def consistency_problems(results: ResultsFile) -> list[str]:
     """What makes ``results`` impossible for a runner to have written: a phase or gate that
     appears twice, an unknown gate kind, a PASS whose process did not exit 0 or whose checks
     failed, an outcome with a signal but no FAIL/ERROR, a BLOCKED or SKIPPED gate with a
-    process. (Thresholds are re-checked against the metrics by the caller.)"""
+    process, artifacts or metrics over the limits a local run keeps to. (Thresholds are re-checked against the metrics by the caller.)"""
     problems: list[str] = []
     phases = [phase.phase for phase in results.phases]
     problems += [f"phase {name!r} appears {phases.count(name)} times" for name in sorted(set(phases))
@@ -268,7 +287,24 @@ def consistency_problems(results: ResultsFile) -> list[str]:
             if gate.exit_code is not None and gate.signal is not None:
                 problems.append(f"{where}: both an exit code and a signal")
             problems += [f"{where}: {problem}" for problem in _artifact_problems(gate)]
+            problems += [f"{where}: metric {name[:60]!r} holds {len(value)} samples, more than {MAX_SAMPLES}"
+                         for name, value in gate.metrics.items() if is_samples(value) and len(value) > MAX_SAMPLES][:3]
+            size = metrics_text_bytes(gate.metrics)
+            if size > MAX_METRICS_BYTES:
+                problems.append(f"{where}: its metric names and string values hold {size} bytes, more than the "
+                                f"{MAX_METRICS_BYTES}-byte metrics file a gate may write (a long string metric?)")
     return problems
+
+
+def metrics_text_bytes(metrics: Mapping[str, MetricValue]) -> int:
+    """The UTF-8 bytes of the metrics' names and string values: a lower bound of the size of any
+    JSON file that holds them (an escape only lengthens a character), so a local run, which
+    reads at most ``MAX_METRICS_BYTES`` of a gate's metrics file, never records more."""
+    return sum(
+        len(name.encode("utf-8", "surrogatepass"))
+        + (len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else 0)
+        for name, value in metrics.items()
+    )
 
 
 def _artifact_problems(gate: GateResult) -> list[str]:
@@ -280,8 +316,8 @@ def _artifact_problems(gate: GateResult) -> list[str]:
         problems.append(f"{len(names)} artifacts, over the limit of {MAX_ARTIFACTS}")
     problems += [f"artifact name {name[:60]!r} is not letters, digits and ._-" for name in names
                  if not _ARTIFACT_NAME.fullmatch(name)][:3]
-    problems += [f"artifact file {file_name[:60]!r} is not a plain file name"
-                 for file_name in gate.artifact_files.values() if not _ARTIFACT_NAME.fullmatch(file_name)][:3]
+    problems += [f"artifact file {file_name[:60]!r} is not a plain file name or artifacts/<gate>/<name>"
+                 for file_name in gate.artifact_files.values() if not _ARTIFACT_FILE.fullmatch(file_name)][:3]
     too_big = [name for name, text in gate.artifacts.items() if len(text.encode("utf-8", "surrogatepass")) > MAX_ARTIFACT_BYTES]
     problems += [f"artifact {name[:60]!r} is over the {MAX_ARTIFACT_BYTES}-byte limit" for name in too_big[:3]]
     return problems
@@ -320,65 +356,3 @@ def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:
     if seen == {"SKIPPED"}:
         return "SKIPPED"
     return "PASS"
-
-
-def check_thresholds(
-    expect: Mapping[str, Threshold], metrics: Mapping[str, object]
-) -> list[MetricCheck]:
-    """Check every ``expect`` (or ``targets``) entry, in order, against ``metrics``.
-
-    A metric that was not reported fails (it never defaults to 0); so do ``null``, NaN,
-    infinite, boolean and string values, each with its own reason.
-    """
-    checks = []
-    for metric, threshold in expect.items():
-        text = str(threshold)
-        if metric not in metrics:
-            checks.append(
-                MetricCheck(metric=metric, threshold=text, value=None, ok=False,
-                            reason="not reported")
-            )
-            continue
-        value = metrics[metric]
-        problem = _not_a_number(value)
-        if problem is None:
-            ok = bool(threshold.check(value))
-            shown = _shown(value, threshold, ok)
-            reason = f"{shown} {text}" if ok else f"{shown} is not {text}"
-        else:
-            ok, reason = False, problem
-        checks.append(
-            MetricCheck(metric=metric, threshold=text, value=_as_metric_value(value), ok=ok,
-                        reason=reason, gap=threshold.gap(value))
-        )
-    return checks
-
-
-def _shown(value: float, threshold: Threshold, ok: bool) -> str:
-    """``value`` to four significant digits, unless the rounded text would read as the
-    opposite verdict (0.99996 is not ``>= 1``, yet rounds to 1): then every digit."""
-    text = format_metric(float(value))
-    return text if threshold.check(float(text)) == ok else repr(value)
-
-
-def _not_a_number(value: object) -> str | None:
-    """Why ``value`` cannot be compared with a threshold, or ``None`` when it can."""
-    if value is None:
-        return "reported as null"
-    if isinstance(value, bool):
-        return f"is a boolean ({value}), not a number"
-    if isinstance(value, str):
-        return f"is a string ({value!r}), not a number"
-    if not isinstance(value, (int, float)):
-        return f"is a {type(value).__name__}, not a number"
-    if math.isnan(value):
-        return "is NaN"
-    if math.isinf(value):
-        return "is infinite"
-    return None
-
-
-def _as_metric_value(value: object) -> MetricValue:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)

@@ -2,9 +2,19 @@
 
 A run's folder holds ``results.json`` (the ``ResultsFile`` of the run), ``report.md`` (rendered
 from ``runner/templates/report.md.j2``), ``run.json`` (``RunMeta``: what the run was for and
-whether the plan records its outcome), the gate logs the run wrote there and the gates'
-artifacts as ``<gate>-<name>``. ``report.md`` shows every ``*.md`` artifact inline under its
-gate, so the benchmark table and the build summary read in place.
+whether the plan records its outcome), the gate logs the run wrote there (``<gate>.log``) and
+the gates' artifacts (``artifacts/<gate>/<name>``). ``report.md`` shows every ``*.md`` artifact
+inline under its gate, so the benchmark table and the build summary read in place.
+
+Decisions:
+
+- Artifacts live in a folder per gate under ``artifacts/``, so no two gates' files can share a
+  name: with gates ``g``, ``g-x`` and ``g-a``, ``g``'s ``x.log`` and ``a-notes.md`` once were
+  ``g-x.log`` (``g-x``'s log) and ``g-a-notes.md`` (``g-a``'s ``notes.md``). A log ends in
+  ``.log`` and sits beside ``artifacts/``; the run's own files (``results.json``,
+  ``report.md``, ``run.json``) end otherwise, so no gate id can reach them either.
+- Runs written before keep their ``<gate>-<name>`` files: ``results.json`` names each
+  artifact's file (``artifact_files``), and readers follow that name.
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ from pathlib import Path
 from runner.formatting import MARKDOWN_FILTERS, format_metric, one_line, table_cell
 from runner.gates.protocol import MAX_ARTIFACT_BYTES
 from runner.plan.schema import Phase, Plan
-from runner.records.results import GateResult, MetricCheck, ResultsFile, check_thresholds
+from runner.records.checks import check_thresholds
+from runner.records.results import GateResult, MetricCheck, ResultsFile
 from runner.templating import template_env
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 
@@ -91,8 +102,12 @@ class ReportContext:
     meta: RunMeta = field(default_factory=RunMeta)
 
 
+ARTIFACTS_DIR = "artifacts"
+
+
 def artifact_file_name(gate: str, name: str) -> str:
-    return f"{safe_name(gate)}-{safe_name(name)}"
+    """Where the run folder keeps artifact ``name`` of ``gate``, relative to it (POSIX)."""
+    return f"{ARTIFACTS_DIR}/{safe_name(gate)}/{safe_name(name)}"
 
 
 def write_report(run_dir: Path, results: ResultsFile, context: ReportContext) -> Path:
@@ -109,7 +124,9 @@ def write_report(run_dir: Path, results: ResultsFile, context: ReportContext) ->
     for phase_results in results.phases:
         for gate in phase_results.gates:
             for name, text in gate.artifacts.items():
-                _write_text(run_dir / artifact_file_name(gate.name, name), text)
+                path = run_dir / artifact_file_name(gate.name, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_text(path, text)
     _stored(results).dump(run_dir / RESULTS)
     _write_text(run_dir / RUN_META, json.dumps(asdict(context.meta), indent=2) + "\n")
     if not context.meta.recorded and not context.meta.evidence:
@@ -214,7 +231,7 @@ def target_checks(phase: Phase, gates: list[GateResult]) -> list[MetricCheck]:
     return [
         check
         for spec in phase.gates if spec.targets and spec.name in ran
-        for check in check_thresholds(spec.targets, ran[spec.name].metrics)
+        for check in check_thresholds(spec.targets, ran[spec.name].metrics, spec.confidence)
     ]
 
 
@@ -235,7 +252,7 @@ def _gate_view(gate: GateResult, run_dir: Path | None) -> _GateView:
     links = ", ".join(f"[{name}]({artifact_file_name(gate.name, name)})" for name in sorted(gate.artifacts))
     checked = {check.metric for check in gate.checks}
     other = ", ".join(
-        f"{name}={table_cell(format_metric(value))}"
+        f"{table_cell(name)}={table_cell(format_metric(value))}"
         for name, value in sorted(gate.metrics.items())
         if name not in checked
     )

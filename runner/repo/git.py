@@ -114,6 +114,17 @@ def is_ignored(root: Path, path: str) -> bool:
     return proc.returncode == 0
 
 
+def ignore_rule(root: Path, path: str) -> str | None:
+    """The rule that ignores ``path``, tracked or not, as ``git check-ignore -v`` names it
+    (``.gitignore:3:build/``), or ``None`` when nothing ignores it."""
+    proc = run_git(root, "check-ignore", "-v", "--no-index", "--", path, env={"GIT_LITERAL_PATHSPECS": "0"},
+                   check=False)
+    if proc.returncode != 0:
+        return None
+    line = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+    return line[0].split("\t", 1)[0] if line else "a .gitignore rule"
+
+
 def is_tracked(root: Path, path: str) -> bool:
     """Whether the index tracks ``path`` (a file, or a folder with tracked files); literal."""
     return bool(git_output(root, "ls-files", "--", path))

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Literal
 
 from runner.errors import UsageError
+from runner.plan.samples import representative
 from runner.plan.schema import Gate, Plan
 from runner.plan.thresholds import Threshold
-from runner.views.history import RunRecord, describe_machine, display_path
+from runner.views.runs import RunRecord, describe_machine, display_path
 
 Direction = Literal["higher", "lower"]
 Verdict = Literal[
@@ -145,8 +146,9 @@ def diff_runs(plan: Plan, old: RunRecord, new: RunRecord, *, labels: tuple[str, 
             f"{labels[1]}: {', '.join(p.phase for p in new.phase_results())})"
         )
     comparable = old.machine.fingerprint == new.machine.fingerprint
-    old_metrics = {key: value for key, value in old.metrics().items() if key[0] in shared}
-    new_metrics = {key: value for key, value in new.metrics().items() if key[0] in shared}
+    # a metric reported as samples is compared by its median
+    old_metrics = {key: representative(value) for key, value in old.metrics().items() if key[0] in shared}
+    new_metrics = {key: representative(value) for key, value in new.metrics().items() if key[0] in shared}
     keys = list(old_metrics) + [key for key in new_metrics if key not in old_metrics]
     ran_old, ran_new = _gates_that_ran(old), _gates_that_ran(new)
     rows = []

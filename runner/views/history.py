@@ -1,239 +1,28 @@
-"""The runs and checkpoints of a plan, as its reports folder and the plan record them. Reads only.
+"""The history of a plan: its checkpoints, a run named by what a user types, and how a phase's
+runs read. Reads only.
 
-Every run of a phase leaves ``reports/<plan>/<phase>/<run-id>/results.json``; a complete phase
-records its checkpoint (tag, time, report path) in the plan. ``find_runs`` lists the runs,
-``plan_checkpoints`` the checkpoints, and ``resolve_run`` turns what a user types (a run id, a
-path to a results file or a run folder, a ``plan/phase`` tag) into one run.
+A complete phase records its checkpoint (tag, time, report path) in the plan; its runs are
+under ``reports/`` (``runner.views.runs``). ``plan_checkpoints`` lists the checkpoints,
+``resolve_run`` turns what a user types (a run id, a path to a results file or a run folder, a
+``plan/phase`` tag) into one run, and ``describe_phase``, ``phase_headline`` and
+``phase_targets`` say what ``status`` and the report show of a phase.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-from runner.errors import ResultsError, UsageError
-from runner.formatting import CONTROL_CHARS, format_metric, one_line
+from runner.errors import UsageError
+from runner.formatting import format_metric, one_line
 from runner.plan.schema import Plan
 from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
-from runner.records.results import MetricCheck, Outcome, PhaseResults, ResultsFile, check_thresholds, combine_outcomes
-from runner.records.run_folder import RunMeta, headline_metrics, read_run_meta, target_checks
-from runner.records.run_folder import REPORTS_DIR, safe_name
+from runner.records.checks import check_thresholds
+from runner.records.results import MetricCheck, ResultsFile
+from runner.records.run_folder import REPORTS_DIR, headline_metrics, target_checks
+from runner.views.runs import RESULTS_NAME, PhaseRuns, RunRecord, find_runs
 from runner.views.status import CheckpointView, plan_status
 from runner.workspace import Workspace
-
-RESULTS_NAME = "results.json"
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One results file: where it lies and what it holds.
-
-    ``phase`` is the phase folder the run was found in (``None`` for a results file given by
-    path, which may hold several phases).
-    """
-
-    path: Path
-    results: ResultsFile
-    phase: str | None = None
-    meta: RunMeta = field(default_factory=RunMeta)
-
-    @property
-    def evidence(self) -> bool:
-        return self.meta.evidence
-
-    @property
-    def folder(self) -> str:
-        """The run folder's name: the run id, with ``-2``... when two runs shared one."""
-        return self.path.parent.name
-
-    @property
-    def informative(self) -> bool:
-        """A verdict on the phase: it ran every gate it could up to a FAIL, or passed. A run that
-        only blocked (every gate PASS or BLOCKED) says what this machine could not do."""
-        return self.outcome != "BLOCKED"
-
-    def gate_counts(self) -> dict[str, int]:
-        """How many gates of each outcome, in the order PASS, FAIL, ERROR, BLOCKED, SKIPPED."""
-        counts: dict[str, int] = {}
-        for outcome in ("PASS", "FAIL", "ERROR", "BLOCKED", "SKIPPED"):
-            n = sum(gate.outcome == outcome for phase in self.phase_results() for gate in phase.gates)
-            if n:
-                counts[outcome] = n
-        return counts
-
-    @property
-    def run_id(self) -> str:
-        return self.results.run_id
-
-    @property
-    def created(self) -> datetime:
-        return parse_time(self.results.created)
-
-    @property
-    def machine(self) -> MachineInfo:
-        return self.results.machine
-
-    @property
-    def outcome(self) -> Outcome:
-        """The outcome of ``phase`` in this run (of every phase when ``phase`` is ``None``)."""
-        return combine_outcomes(results.outcome for results in self.phase_results())
-
-    def phase_results(self) -> list[PhaseResults]:
-        """The phase this run was found under, or every phase of a file given by path."""
-        return self.results.phases if self.phase is None else [self.results.phase(self.phase)]
-
-    def metrics(self) -> dict[tuple[str, str, str], object]:
-        """Every reported metric, keyed by (phase, gate, metric), in the order reported."""
-        return {
-            (phase.phase, gate.name, name): value
-            for phase in self.phase_results()
-            for gate in phase.gates
-            for name, value in gate.metrics.items()
-        }
-
-    def to_json(self, root: Path | None = None) -> dict:
-        return {
-            "run_id": self.run_id,
-            "phase": self.phase,
-            "phases": [p.phase for p in self.phase_results()],
-            "time": self.results.created,
-            "outcome": self.outcome,
-            "machine": describe_machine(self.machine),
-            "machine_fingerprint": self.machine.fingerprint,
-            "fingerprint": self.results.fingerprint,
-            "path": display_path(self.path, root),
-            "role": self.meta.role,
-            "recorded": self.meta.recorded,
-            "reason": self.meta.reason,
-        }
-
-
-@dataclass(frozen=True)
-class RunScan:
-    """The runs found (oldest first) and the results files that could not be read."""
-
-    runs: list[RunRecord]
-    skipped: list[str] = field(default_factory=list)
-
-
-def parse_time(text: str) -> datetime:
-    """``2026-11-29T23:50:00Z`` (or any ISO 8601 time) as an aware UTC datetime."""
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc)
-
-
-def describe_machine(machine: MachineInfo) -> str:
-    """``vm: NVIDIA H200`` (``x2`` for two GPUs), ``ci: no GPU``."""
-    gpu = machine.gpu_name or "no GPU"
-    if machine.gpu_count > 1:
-        gpu += f" x{machine.gpu_count}"
-    return f"{machine.hostname}: {gpu}"
-
-
-def display_path(path: Path, root: Path | None) -> str:
-    """``path`` relative to ``root`` when inside it (POSIX), else as given."""
-    if root is not None:
-        try:
-            return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
-        except ValueError:
-            pass
-    return str(path)
-
-
-def find_runs(root: Path, plan_id: str, phase: str | None = None) -> RunScan:
-    """Every ``reports/<plan>/<phase>/<run-id>/results.json`` of the plan (of one phase when
-    ``phase`` is given), oldest first.
-
-    What the runner did not write is skipped and named in ``skipped``, never a crash: a folder
-    whose name is not printable UTF-8, a results file that does not load, a run whose results
-    hold no phase of the folder it lies in (copied from another phase).
-    """
-    plan_dir = Path(root) / REPORTS_DIR / safe_name(plan_id)
-    phase_dirs = [plan_dir / safe_name(phase)] if phase else sorted(p for p in plan_dir.glob("*") if p.is_dir())
-    runs: list[RunRecord] = []
-    skipped: list[str] = []
-    for phase_dir in phase_dirs:
-        for path in sorted(phase_dir.glob(f"*/{RESULTS_NAME}")):
-            shown = display_path(path, root)
-            if not _plain_name(phase_dir.name) or not _plain_name(path.parent.name):
-                skipped.append(f"{one_line(shown)}: a folder name that is not printable UTF-8; skipped")
-                continue
-            try:
-                results = ResultsFile.load(path)
-            except ResultsError as error:
-                skipped.append(str(error))
-                continue
-            if phase_dir.name not in {p.phase for p in results.phases}:
-                held = ", ".join(p.phase for p in results.phases)
-                skipped.append(f"{shown}: holds the results of phase {held}, not of {phase_dir.name} "
-                               "whose folder it lies in (copied?); skipped")
-                continue
-            runs.append(RunRecord(path=path, results=results, phase=phase_dir.name,
-                                  meta=read_run_meta(path.parent)))
-    runs.sort(key=lambda run: (run.created, run.run_id, run.phase or ""))
-    return RunScan(runs, skipped)
-
-
-def _plain_name(name: str) -> bool:
-    """A folder name the views can print and link: valid UTF-8, no control characters."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # a non-UTF-8 byte, read as a lone surrogate
-        return False
-    return not CONTROL_CHARS.search(name)
-
-
-def latest_runs(scan: RunScan) -> dict[str, RunRecord]:
-    """The newest informative run of each phase (``PhaseRuns.shown``): a run that only blocked
-    never hides the verdict of an earlier run, and evidence shows when there is nothing else."""
-    return {phase: runs.shown for phase, runs in phase_runs(scan).items() if runs.shown is not None}
-
-
-@dataclass(frozen=True)
-class PhaseRuns:
-    """A phase's runs as ``status`` and the report summarise them.
-
-    ``verdict``: the newest informative run of the phase's own (``role`` run); ``blocked``: a
-    newer run that only blocked; ``evidence``: the newest evidence run (a run made while the
-    phase waited on an earlier one), when newer than ``verdict``.
-    """
-
-    verdict: RunRecord | None = None
-    blocked: RunRecord | None = None
-    evidence: RunRecord | None = None
-    count: int = 0
-
-    @property
-    def shown(self) -> RunRecord | None:
-        """The run to show as the phase's evidence: its verdict, else the evidence, else the
-        newest blocked run."""
-        return self.verdict or self.evidence or self.blocked
-
-
-def phase_runs(scan: RunScan) -> dict[str, PhaseRuns]:
-    """``PhaseRuns`` of every phase that has runs, from a scan (oldest first)."""
-    found: dict[str, dict[str, RunRecord | None]] = {}
-    counts: dict[str, int] = {}
-    for run in scan.runs:
-        if run.phase is None:
-            continue
-        slot = found.setdefault(run.phase, {"verdict": None, "blocked": None, "evidence": None})
-        counts[run.phase] = counts.get(run.phase, 0) + 1
-        if run.evidence:
-            slot["evidence"] = run
-        elif run.informative and not run.meta.recorded:
-            continue  # an interrupted run: the plan never recorded it
-        elif run.informative:
-            slot["verdict"], slot["blocked"] = run, None
-            if slot["evidence"] is not None:
-                slot["evidence"] = None  # the phase's own verdict is newer than the evidence
-        else:
-            slot["blocked"] = run
-    return {phase: PhaseRuns(count=counts[phase], **slot) for phase, slot in found.items()}
 
 
 def plan_checkpoints(ws: Workspace) -> list[CheckpointView]:

@@ -23,20 +23,14 @@ from runner.formatting import format_metric, short
 from runner.gates.protocol import PLOT_SUFFIX
 from runner.plan.schema import Phase
 from runner.records.places import check_reports
+from runner.plan.samples import representative
 from runner.records.results import GateResult, MetricCheck
 from runner.records.run_folder import headline_metrics, read_artifacts, target_checks
 from runner.records.run_folder import REPORTS_DIR
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
-from runner.views.history import (
-    PhaseRuns,
-    RunRecord,
-    RunScan,
-    describe_machine,
-    find_runs,
-    phase_headline,
-    phase_runs,
-)
+from runner.views.history import phase_headline
+from runner.views.runs import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
 from runner.views.plots import Plot, Point, declared_plot, metric_history_plot
 from runner.views.status import PhaseView, plan_status
 from runner.workspace import Workspace
@@ -203,7 +197,7 @@ def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | No
         points = []
         for run in runs:
             [phase_results] = run.phase_results()
-            value = headline_metrics(spec, phase_results.gates).get(metric)
+            value = representative(headline_metrics(spec, phase_results.gates).get(metric))  # samples: the median
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             points.append(

@@ -89,7 +89,11 @@ def returns_list():
 
 
 def returns_nested():
-    return {"rows": [1, 2]}
+    return {"rows": [[1], [2]]}
+
+
+def returns_samples():
+    return {"ms": [1.0, 2, 1.5, 1.25, 1.75, 1.5], "label": "x"}
 
 
 def nan():

@@ -250,7 +250,7 @@ def test_results_from_a_gpu_host_checkpoint(gpu_results, runner_env):
     report = (repo.root / alpha.checkpoint.report).read_text()
     assert "Test GPU" in report and "testhost" in report
     assert "| size | ms |" in report  # the gate's artifact travelled inside the results
-    assert (repo.root / alpha.checkpoint.report).with_name("check-bench.md").is_file()
+    assert (repo.root / alpha.checkpoint.report).parent.joinpath("artifacts", "check", "bench.md").is_file()
     assert "Runner-Machine: sha256:" in repo.git("log", "-1", "--format=%B")
     assert "?? results.json" in repo.porcelain()  # not committed
 

@@ -158,7 +158,7 @@ def test_real_kernel_run_against_itself_on_the_shipped_plan():
 def _record(run_id, gates, phase="alpha"):
     from pathlib import Path
 
-    from runner.views.history import RunRecord
+    from runner.views.runs import RunRecord
 
     run = results(run_id=run_id, created="2026-12-01T10:00:00Z", gates=gates, phase=phase)
     return RunRecord(path=Path("/nonexistent") / run_id / "results.json", results=run, phase=phase)
@@ -233,3 +233,14 @@ def test_worse_without_a_tolerance_is_named_not_silently_no_regression(tmp_path,
     check_run(repo.root, *NEW, speedup=1.6)
     last = cli(runner_env, repo.root, "diff", OLD[0], NEW[0]).stdout.splitlines()[-1]
     assert last == "no regression; 1 metric(s) worse with no tolerance declared, so not judged: check.speedup"
+
+
+def test_samples_are_compared_by_their_median(tmp_path):
+    from runner.plan.load import load_plan
+
+    repo = make_repo(tmp_path / "repo", tolerant_phases({}))
+    plan = load_plan(repo.plan).plan
+    old = _record("20261201T100000Z-00000001", [_gate("check", "PASS", {"speedup": [1.0, 2.0, 3.0], "errors": 0})])
+    new = _record("20261201T100000Z-00000002", [_gate("check", "PASS", {"speedup": [2.0, 3.0, 4.0, 9.0], "errors": 0})])
+    [row] = [row for row in diff_runs(plan, old, new).rows if row.metric == "speedup"]
+    assert (row.old, row.new, row.delta) == (2.0, 3.5, 1.5)

@@ -155,7 +155,7 @@ def test_imported_evidence_is_matched_and_rechecked(tmp_path, runner_env):
 
 
 def test_an_interrupted_run_does_not_become_the_verdict(tmp_path, runner_env):
-    from runner.views.history import find_runs, phase_runs
+    from runner.views.runs import find_runs, phase_runs
 
     repo = _failed_on_gpu(tmp_path, runner_env)
     [gpu_run] = list((repo.root / "reports" / "demo" / "alpha").iterdir())

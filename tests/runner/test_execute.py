@@ -143,10 +143,17 @@ def test_metrics_not_an_object_is_an_error(repo):
     assert "list" in res.reason
 
 
-def test_nested_metric_value_is_an_error(repo):
-    res = go(make_gate(run="""echo '{"rows": [1]}' > "$RUNNER_METRICS" """), repo)
+@pytest.mark.parametrize("value", ['[[1]]', '["a"]', '[true]', '{"a": 1}'])
+def test_nested_metric_value_is_an_error(repo, value):
+    """A list of numbers is a metric's samples; anything else that is not a scalar is an error."""
+    res = go(make_gate(run=f"""echo '{{"rows": {value}}}' > "$RUNNER_METRICS" """), repo)
     assert res.outcome == "ERROR"
     assert "'rows'" in res.reason
+
+
+def test_a_list_of_numbers_is_a_metrics_samples(repo):
+    res = go(make_gate(run="""echo '{"rows": [1, 2.5]}' > "$RUNNER_METRICS" """), repo)
+    assert res.outcome == "PASS" and res.metrics == {"rows": [1, 2.5]}
 
 
 def test_missing_metric_fails_and_is_not_zero(repo):
@@ -284,6 +291,14 @@ def test_callable_returning_non_dict_fails(repo):
     assert "returned list, expected a dict" in res.reason
     nested = go(make_gate(name="nested", call=f"{mod}:returns_nested"), repo)
     assert nested.outcome == "FAIL" and "'rows'" in nested.reason
+
+
+def test_callable_returning_samples_reports_them(repo):
+    mod = write_gate_module(repo)
+    res = go(make_gate(call=f"{mod}:returns_samples", expect={"ms": "<= 2"}), repo)
+    assert res.outcome == "PASS", res.reason
+    assert res.metrics == {"ms": [1.0, 2, 1.5, 1.25, 1.75, 1.5], "label": "x"}
+    assert res.checks[0].interval == [1.0, 2.0] and res.checks[0].samples == 6
 
 
 def test_callable_nan_metric_fails(repo):

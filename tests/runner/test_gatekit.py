@@ -53,8 +53,10 @@ def test_refuses_what_the_runner_would_skip(inside_runner):
         gatekit.write_artifact("../escape.md", "x")
     with pytest.raises(ValueError, match="at most"):
         gatekit.write_artifact("big.txt", "x" * ((1 << 20) + 1))
-    with pytest.raises(ValueError, match="non-scalars"):
-        gatekit.write_metrics({"rows": [1, 2]})
+    with pytest.raises(ValueError, match="lists of numbers"):
+        gatekit.write_metrics({"rows": [[1], [2]]})
+    with pytest.raises(ValueError, match="lists of numbers"):
+        gatekit.write_metrics({"rows": [1, True]})
     with pytest.raises(ValueError, match="scale"):
         gatekit.Axis("x", scale="cubic")
 
@@ -74,3 +76,8 @@ def test_a_written_plot_reads_back_exactly(inside_runner):
         ("p50", ((1.0, 2.0), (64.0, 9.0)), False),  # the NaN point was dropped when written
         ("baseline", ((1.0, 3.0),), True),
     ]
+
+
+def test_samples_are_written_as_lists(inside_runner):
+    path = gatekit.write_metrics({"ms": (1.5, 2, 1.25), "label": "x"})
+    assert json.loads(path.read_text()) == {"ms": [1.5, 2, 1.25], "label": "x"}

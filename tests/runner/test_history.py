@@ -7,7 +7,8 @@ import json
 import pytest
 
 from runner.errors import UsageError
-from runner.views.history import find_runs, latest_runs, resolve_run
+from runner.views.history import resolve_run
+from runner.views.runs import find_runs, latest_runs
 from runner.workspace import open_workspace
 from tests.runner.repo_fixtures import (
     cli,

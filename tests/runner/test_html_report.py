@@ -144,3 +144,16 @@ def test_page_renders_in_headless_chromium(shipped_page, tmp_path):
     assert re.search(r'<table id="phases"[^>]*>', dom), dom[:500]
     assert "<svg" in dom and "</svg>" in dom
     assert "kernel" in dom and "20261130T001525Z-a7576174" in dom
+
+
+def test_sampled_headline_metrics_are_drawn_by_their_median(tmp_path, runner_env):
+    from tests.runner.run_samples import gate_result, results, write_run
+
+    repo = make_repo(tmp_path / "repo", git_init=False)
+    for day, samples in ((1, [2.0, 2.5, 3.0]), (2, [3.0, 3.5, 4.0])):
+        gates = [gate_result("build", "build"), gate_result("check", metrics={"speedup": samples, "errors": 0})]
+        write_run(repo.root, results(run_id=f"2026120{day}T000000Z-aaaaaaaa", created=f"2026-12-0{day}T00:00:00Z",
+                                     gates=gates))
+    html = render_html_report(open_workspace(None, cwd=repo.root), repo.root / "x.html")
+    assert "speedup across 2 run(s)" in html
+    assert "2.5 (median of 3)" in html or "3.5 (median of 3)" in html

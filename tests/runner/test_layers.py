@@ -21,8 +21,9 @@ RUNNER = Path(runner.__file__).resolve().parent  # the installed runner, or this
 BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.gates",
         "runner.gates.protocol", "runner.atomic", "runner.untrusted", "runner.gatekit"}
 # Read-only views: they must not pull in gate execution, locking or the use cases.
-READ_ONLY = {"runner.workspace", "runner.views.status", "runner.views.history", "runner.views.html",
-             "runner.views.diff", "runner.views.plots", "runner.records.run_folder", "runner.formatting"}
+READ_ONLY = {"runner.workspace", "runner.views.status", "runner.views.history", "runner.views.runs",
+             "runner.views.html", "runner.views.diff", "runner.views.plots", "runner.records.run_folder",
+             "runner.formatting"}
 EXECUTION = {"runner.gates.execute", "runner.runs", "runner.check", "runner.advance", "runner.repo.lock",
              "runner.gates.verdict", "runner.gates.procgroup", "runner.gates.log"}
 

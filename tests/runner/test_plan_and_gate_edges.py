@@ -74,6 +74,8 @@ def test_ids_are_their_own_folder_names(tmp_path, runner_env, bad_id):
     phases = default_phases()
     phases[0]["id"] = bad_id
     repo = make_repo(tmp_path / "repo", phases, git_init=False)
-    result = cli(runner_env, repo.root, "status")
-    assert result.exit_code == 2, result.text
-    assert "phases[0].id" in result.stderr
+    for command in ("advance", "status", "history", "report"):  # one refusal, at the plan's line
+        result = cli(runner_env, repo.root, command)
+        assert result.exit_code == 2, (command, result.text)
+        assert "plans/demo.md:6:9: phases[0].id:" in result.stderr and "not a valid id" in result.stderr
+        assert "Traceback" not in result.text

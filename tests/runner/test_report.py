@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 
 from runner.gates import execute
 from runner.gates.execute import run_gate
 from runner.plan.schema import Plan
 from runner.records.results import GateResult, PhaseResults, ResultsFile
-from runner.records.run_folder import ReportContext, headline_metrics, write_report
+from runner.records.run_folder import ReportContext, headline_metrics, render_report, write_report
 from runner.runs import new_run_id, run_folder
 from tests.runner.gate_helpers import make_gate
 from tests.runner.repo_fixtures import fake_machine
@@ -92,8 +93,8 @@ def test_report_shows_gates_checks_notes_and_md_artifacts(tmp_path):
     bench_section = text[text.index("## bench (benchmark)"):]
     assert "| 64k | 0.5 |" in bench_section
     assert "a,b" not in text
-    assert (tmp_path / "bench-bench.md").read_text().startswith("| shape |")
-    assert (tmp_path / "bench-raw.csv").read_text() == "a,b\n1,2\n"
+    assert (tmp_path / "artifacts" / "bench" / "bench.md").read_text().startswith("| shape |")
+    assert (tmp_path / "artifacts" / "bench" / "raw.csv").read_text() == "a,b\n1,2\n"
     assert "[build.log](build.log)" in text and "[bench.log]" not in text  # only logs present
     assert "tail of build" in text
     assert "| speedup | 2 |" in text and "never_reported" not in text.split("## build")[0]
@@ -135,3 +136,36 @@ def test_each_gate_gets_a_fresh_artifacts_folder(tmp_path):
                       log_path=tmp_path / "b.log")
     assert first.artifacts == {"x.txt": "1\n"} and second.artifacts == {}
     assert "x.txt" not in (tmp_path / "b.log").read_text()
+
+
+def _unescaped_pipes(line: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", line))
+
+
+def test_metric_names_with_a_pipe_or_a_newline_keep_every_table_whole():
+    """Headline, threshold and target tables alike: one row per metric, its name in one cell."""
+    names = ["a|b", "c\nd", "e\r\n|f"]
+    plan = Plan.model_validate({
+        "schema": 1, "id": "demo",
+        "phases": [{"id": "alpha", "headline": names, "gates": [
+            {"name": "bench", "kind": "benchmark", "run": "true",
+             "expect": {name: ">= 1" for name in names}, "targets": {name: ">= 5" for name in names}},
+        ]}],
+    })
+    checks = [{"metric": name, "threshold": ">= 1", "value": 2, "ok": True, "reason": "2 >= 1"} for name in names]
+    targets = [{"metric": name, "threshold": ">= 5", "value": 2, "ok": False, "reason": "2 < 5"} for name in names]
+    bench = result("bench", "benchmark", metrics={**{name: 2 for name in names}, "g|h\ni": "x|y\nz"},
+                   checks=checks, targets=targets)
+    text = render_report(results_file([bench]), ReportContext(plan, plan.phases[0], "PASS"))
+    lines = text.splitlines()
+    tables: list[list[str]] = []
+    for index, line in enumerate(lines):
+        if line.startswith("|"):
+            if index == 0 or not lines[index - 1].startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+    for table in tables:
+        assert {_unescaped_pipes(row) for row in table} == {_unescaped_pipes(table[0])}, table
+    metric_rows = [row for table in tables for row in table if row.startswith(("| a\\|b |", "| c d |", "| e \\|f |"))]
+    assert len(metric_rows) == 3 * 3  # headline, thresholds, targets
+    assert "Other metrics: g\\|h i=x\\|y\\nz" in text

@@ -10,12 +10,12 @@ from pydantic import ValidationError
 
 from runner.errors import ResultsError
 from runner.plan.thresholds import Threshold
+from runner.records.checks import check_thresholds
 from runner.records.machine import MachineInfo
 from runner.records.results import (
     GateResult,
     PhaseResults,
     ResultsFile,
-    check_thresholds,
     combine_outcomes,
 )
 

@@ -106,7 +106,7 @@ def test_gap_is_the_distance_to_the_threshold(text, value, gap):
 
 
 def test_reasons_show_four_digits_unless_rounding_would_lie():
-    from runner.records.results import check_thresholds
+    from runner.records.checks import check_thresholds
 
     [slow] = check_thresholds({"speedup": Threshold.parse(">= 5")}, {"speedup": 1.0570760648926747})
     assert slow.reason == "1.057 is not >= 5" and slow.gap == pytest.approx(3.9429239351)

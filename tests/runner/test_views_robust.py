@@ -99,7 +99,7 @@ def test_status_reads_no_artifact(tmp_path, runner_env):
     repo = make_repo(tmp_path / "repo", phases)
     for _ in range(3):
         assert cli(runner_env, repo.root, "advance").exit_code == 1
-    artifacts = list((repo.root / "reports").rglob("check-a*.txt"))
+    artifacts = list((repo.root / "reports").rglob("artifacts/check/a*.txt"))
     assert len(artifacts) == 15
     for results_file in (repo.root / "reports").rglob("results.json"):
         assert results_file.stat().st_size < 16384  # the artifacts' text is not repeated there
@@ -117,7 +117,7 @@ def test_status_reads_no_artifact(tmp_path, runner_env):
         watching[0] = False
     assert result.exit_code == 0, result.text
     assert any(path.endswith("results.json") for path in opened)
-    assert not [path for path in opened if "check-a" in path]
+    assert not [path for path in opened if "/artifacts/" in path]
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
