@@ -22,7 +22,7 @@ import time
 import torch
 
 from phases.common.engines import main_with_json_args, metrics_table, pick_device
-from phases.speculation.trained import heldout_prompts, trained_model
+from phases.speculation.trained import heldout_contexts, trained_model
 from serving.engine.model import DeepseekV3Model
 from serving.stack import ServingConfig, build_engine
 
@@ -57,12 +57,12 @@ def run(contexts: list[int] = (2048, 16384), batch_sizes: list[int] = (1, 8), ma
                                cuda_graphs=cuda, graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, top_b * 4})))
         t0 = time.perf_counter()
         engine = build_engine(config, model).engine
-        engine.generate(heldout_prompts(folder, 64, 1), 8)  # settle every kernel the steps launch
+        engine.generate(heldout_contexts(folder, 64, 1), 8)  # settle every kernel the steps launch
         say(f"{mode}: engine ready in {time.perf_counter() - t0:.1f} s")
         for ctx in contexts:
             for b in batch_sizes:
                 engine.stats = type(engine.stats)()
-                reqs = engine.generate(heldout_prompts(folder, ctx, b), max_new_tokens)
+                reqs = engine.generate(heldout_contexts(folder, ctx, b), max_new_tokens)
                 if any(r.error for r in reqs):
                     raise RuntimeError(f"{mode} at {ctx} x {b}: {next(r.error for r in reqs if r.error)}")
                 s = engine.stats

@@ -38,7 +38,7 @@ def trained_model(tiny: bool = False, log=print) -> tuple[Path, dict]:
     return folder, json.loads(done.read_text())
 
 
-def heldout_prompts(folder: Path, context: int, count: int) -> list[list[int]]:
+def heldout_contexts(folder: Path, context: int, count: int) -> list[list[int]]:
     """``count`` prompts of ``context`` tokens from the held-out files (never trained on): each
     the next held-out files' openings joined until it is long enough."""
     files = [p["ids"] for p in json.loads((folder / "heldout.json").read_text())["prompts"]]

@@ -17,7 +17,7 @@ import torch
 
 from phases.common.engines import main_with_json_args, pick_device
 from phases.common.greedy import compare
-from phases.speculation.trained import heldout_prompts, trained_model
+from phases.speculation.trained import heldout_contexts, trained_model
 from serving.engine.model import DeepseekV3Model
 from serving.stack import ServingConfig, build_engine
 
@@ -27,7 +27,7 @@ def run(prompts: int = 8, context: int = 2048, max_new_tokens: int = 256, specul
     dev = pick_device(device)
     cuda = dev.type == "cuda"
     folder, _ = trained_model(tiny, log=lambda line: print(line, flush=True))
-    asks = heldout_prompts(folder, context, prompts)
+    asks = heldout_contexts(folder, context, prompts)
     metrics: dict[str, float] = {"requests": 0, "requests_failed": 0, "leaked_slots": 0}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         model = DeepseekV3Model.from_folder(folder, dev, dtype)

@@ -111,6 +111,17 @@ def fused_topk(drafter: Drafter | None) -> int:
     return int(getattr(drafter, "fused_topk", 0) or 0) if drafter is not None else 0
 
 
+def check_drafter(drafter: Drafter | None, cfg) -> None:
+    """ValueError when ``drafter`` cannot serve a model of config ``cfg`` (a ``ModelConfig``): its
+    device steps on the model's depth (``draft_steps``), and the MTP module it rides on."""
+    if drafter is None:
+        return
+    drafter.draft_steps(cfg.num_hidden_layers)
+    if fused_topk(drafter) and not cfg.has_mtp:
+        raise ValueError(f"Expected a model with an MTP module (num_nextn_predict_layers >= 1 and its model.layers."
+                         f"{cfg.num_hidden_layers}.* tensors) for an mtp: drafter, got one without; use tree:WxD or ngram:WxD")
+
+
 def _check_shape(width: int, depth: int) -> None:
     if width < 1 or depth < 1 or width * depth > MAX_DRAFT_TOKENS:
         raise ValueError(f"Expected a tree of width x depth with 1 <= width * depth <= {MAX_DRAFT_TOKENS}, got {width}x{depth}")

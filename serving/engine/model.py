@@ -198,6 +198,17 @@ class DeepseekV3Model:
             out = torch.bmm(latent_out.transpose(0, 1), self.w_uv[i].transpose(1, 2)).transpose(0, 1)  # [N, H, v]
         return self._linear(out.reshape(n, heads * cfg.v_head_dim), p + "o_proj")
 
+    def _block(self, h: torch.Tensor, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend,
+               rope_tables, grouped: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder block ``i`` on ``h`` (its normed input) over the residual ``x``: returns (the
+        MLP's output, ``x`` + the attention's); the caller adds the one to the other with the
+        next norm (the next layer's, the final one, or the MTP module's ``shared_head``)."""
+        p = f"model.layers.{i}."
+        attn = self.tp.all_reduce(self._attention(h, i, batch, pool, backend, rope_tables))
+        h, x = add_rms_norm(attn, x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_norm_eps)  # x += attn
+        mlp = self.tp.all_reduce(self._moe(h, i, grouped) if self.cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
+        return mlp, x
+
     def _mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         gate, up = F.linear(x, self.fused[prefix + "gate_up"]).chunk(2, dim=-1)
         return self._linear(F.silu(gate) * up, prefix + "down_proj")
@@ -275,10 +286,7 @@ class DeepseekV3Model:
         layers = num_layers or cfg.num_hidden_layers
         h = rms_norm(x, self.w["model.layers.0.input_layernorm.weight"], cfg.rms_norm_eps)
         for i in range(layers):
-            p = f"model.layers.{i}."
-            attn = self.tp.all_reduce(self._attention(h, i, batch, pool, backend, rope_tables))
-            h, x = add_rms_norm(attn, x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)  # x += attn
-            mlp = self.tp.all_reduce(self._moe(h, i, grouped) if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
+            mlp, x = self._block(h, x, i, batch, pool, backend, rope_tables, grouped)
             after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < layers else "model.norm.weight"
             if logits_rows is None or i + 1 < layers or return_hidden:
                 h, x = add_rms_norm(mlp, x, self.w[after], cfg.rms_norm_eps)  # x += mlp, then the next norm
@@ -298,20 +306,18 @@ class DeepseekV3Model:
         ``eh_proj([enorm(embed(next)); hnorm(hidden)])``, one decoder block whose latent rows go to
         the pool's layer ``mtp_layer`` at the batch's slots, then ``shared_head``. Positions,
         slots, masks and the attention plan are the batch's own.
-        Returns (float32 logits of ``logits_rows`` [M, vocab] predicting the token at p + 2, the
-        module's normed output [N, hidden], the next chained step's ``hidden``).
+        Returns (float32 logits of ``logits_rows`` [M, vocab], predicting the token at p + 2; the
+        module's normed output [N, hidden], which a chained step takes as its ``hidden``).
         """
         cfg = self.cfg
         i = cfg.mtp_layer
         p = f"model.layers.{i}."
         emb = rms_norm(self.mtp_embed.index_select(0, next_ids), self.w[p + "enorm.weight"], cfg.rms_norm_eps)
-        x = F.linear(torch.cat([emb, rms_norm(hidden.to(self.dtype), self.w[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1),
+        x = F.linear(torch.cat([emb, rms_norm(hidden, self.w[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1),
                      self.w[p + "eh_proj.weight"])
         rope_tables = self.rope.tables(batch.positions, x.dtype)
         h = rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        attn = self.tp.all_reduce(self._attention(h, i, batch, pool, backend, rope_tables))
-        h, x = add_rms_norm(attn, x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        mlp = self.tp.all_reduce(self._moe(h, i, batch.kind == "extend") if cfg.is_moe_layer(i) else self._mlp(h, p + "mlp."))
+        mlp, x = self._block(h, x, i, batch, pool, backend, rope_tables, batch.kind == "extend")
         out, _ = add_rms_norm(mlp, x, self.w[p + "shared_head.norm.weight"], cfg.rms_norm_eps)
         rows = out if logits_rows is None else out[logits_rows]
         head = self.w[p + "shared_head.head.weight"]

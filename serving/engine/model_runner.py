@@ -214,6 +214,8 @@ class ModelRunner:
         if shape.mtp == "chain":
             return pack_outputs(self._mtp_chain(batch, shape.width))
         if shape.mtp == "after":
+            if not shape.accept:
+                raise ValueError("Expected an accepting target step to run the MTP module after, got accept=False")
             logits, hidden = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers, return_hidden=True)
         else:
             logits = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers)
@@ -222,8 +224,6 @@ class ModelRunner:
             outputs.update(greedy_accept(outputs["pred"], f, shape.width))
             write_accepted_slots(self.pool.table.rows, f, outputs["order"], outputs["n_accepted"], shape.width)
         if shape.mtp == "after":
-            if not shape.accept:
-                raise ValueError("Expected an accepting target step to run the MTP module after, got accept=False")
             # The module over every row, fed the target's choice after it; its output at each
             # entry's last accepted cell (the bonus token's parent) seeds the next tree.
             state = self._mtp_state()

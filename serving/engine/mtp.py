@@ -40,9 +40,5 @@ class MTPState:
     row's last token; candidates: table row -> the module's top tokens there."""
 
     def __init__(self, table_rows: int, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.table_rows = table_rows
         self.hidden = torch.zeros(table_rows, hidden_size, dtype=dtype, device=device)
         self.candidates: dict[int, list[int]] = {}
-
-    def forget(self, row: int) -> None:
-        self.candidates.pop(row, None)

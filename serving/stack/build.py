@@ -28,7 +28,7 @@ import torch
 
 from serving.defrag import Defragmenter
 from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend
-from serving.engine.drafters import Drafter, fused_topk, parse_speculate
+from serving.engine.drafters import Drafter, check_drafter, parse_speculate
 from serving.engine.engine import Engine
 from serving.engine.kv_pool import KVPool
 from serving.engine.model import DeepseekV3Model
@@ -94,11 +94,7 @@ def build_drafter(config: ServingConfig, model: DeepseekV3Model) -> Drafter | No
     a gate's fixed trees), checked against the model (ValueError otherwise)."""
     spec = config.speculate
     drafter = parse_speculate(spec) if spec is None or isinstance(spec, str) else spec
-    if drafter is not None:
-        drafter.draft_steps(model.num_layers)  # raises for a drafter the model cannot serve
-        if fused_topk(drafter) and not model.has_mtp:
-            raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers >= 1 in config.json) for an "
-                             "mtp: drafter, got one without; use tree:WxD or ngram:WxD")
+    check_drafter(drafter, model.cfg)  # raises for a drafter the model cannot serve
     return drafter
 
 
@@ -112,7 +108,7 @@ def build_engine(config: ServingConfig, model: DeepseekV3Model, pool: KVPool | N
         raise ValueError(f"Expected a CUDA device for cuda_graphs, got {model.device}")
     if pool is None:
         pool = build_pool(config, model)
-    elif pool.kv.shape[0] != model.pool_layers:
+    elif pool.kv.shape[0] != model.pool_layers:  # before the backend is built over it (the runner checks again)
         raise ValueError(f"Expected a pool of the model's {model.pool_layers} layers, got one of {pool.kv.shape[0]}")
     backend = build_backend(config, model, pool)
     drafter = build_drafter(config, model)

@@ -29,7 +29,7 @@ import torch
 
 from serving.engine import limits
 from serving.engine.config import ModelConfig, eos_token_ids
-from serving.engine.drafters import parse_speculate
+from serving.engine.drafters import check_drafter, parse_speculate
 from serving.engine.model import DeepseekV3Model
 from serving.engine.parallel import TensorParallel, launched_by_torchrun
 from serving.engine.random_models import PRESETS, preset_config, random_model
@@ -199,12 +199,7 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     if not lens:
         raise UsageError("Expected at least one --prompt or --random-prompt, got none")
     drafter = parse_speculate(args.speculate)
-    if drafter is not None:
-        drafter.draft_steps(cfg.num_hidden_layers)  # a drafter the model cannot serve: refused before loading it
-        if drafter.fused_topk and not cfg.has_mtp:
-            raise UsageError(f"Expected a model with an MTP module (num_nextn_predict_layers >= 1 and its model.layers."
-                             f"{cfg.num_hidden_layers}.* tensors) for --speculate {args.speculate}, got "
-                             f"{args.model or args.random_model} without one; use tree:WxD or ngram:WxD")
+    check_drafter(drafter, cfg)  # a drafter the model cannot serve: refused before loading it
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = args.pool_slots if args.pool_slots is not None else sum(n + args.max_new_tokens + 64 for n in lens) + 4096
     need = sum(lens) + len(lens) + 1

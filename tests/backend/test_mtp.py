@@ -128,6 +128,7 @@ def _reference(folder):
     state = {"enorm.weight": saved.pop("enorm.weight"), "hnorm.weight": saved.pop("hnorm.weight"),
              "eh_proj.weight": saved.pop("eh_proj.weight"), "shared_head_norm.weight": saved.pop("shared_head.norm.weight")}
     head = saved.pop("shared_head.head.weight")
+    saved.pop("embed_tokens.weight", None)  # the module's own embeddings: a test that writes them uses them itself
     state.update({"block." + k: v for k, v in saved.items()})
     mtp.load_state_dict(state)
     return target, mtp, head
@@ -203,21 +204,32 @@ def test_missing_or_misshaped_mtp_tensors_are_named(trained, tmp_path):
             load_weights(folder, cfg, torch.float32, torch.device("cpu"))
 
 
-def test_own_mtp_embeddings_are_used(trained, tmp_path):
-    """A checkpoint whose module carries its own embed_tokens (as DeepSeek-V3's does) drafts with them."""
+def test_own_mtp_embeddings_are_used(random_folder, tmp_path):
+    """A checkpoint whose module carries its own embed_tokens (as DeepSeek-V3's does) drafts with
+    them: the module's first level after prefill is transformers' block fed those embeddings."""
     from safetensors.torch import load_file, save_file
 
     folder = tmp_path / "own"
-    shutil.copytree(trained, folder)
+    shutil.copytree(random_folder, folder)
     cfg = ModelConfig.from_folder(folder)
     n = cfg.num_hidden_layers
     tensors = load_file(str(folder / "mtp.safetensors"))
-    own = torch.randn(cfg.vocab_size, cfg.hidden_size).to(torch.bfloat16)
+    own = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=torch.Generator().manual_seed(9))
     tensors[f"model.layers.{n}.embed_tokens.weight"] = own
     save_file(tensors, str(folder / "mtp.safetensors"))
     model = DeepseekV3Model.from_folder(folder)
-    assert torch.equal(model.mtp_embed, own.float())
-    assert not torch.equal(model.mtp_embed, model.w["model.embed_tokens.weight"])
+    assert torch.equal(model.mtp_embed, own)
+    target, mtp, head = _reference(folder)
+    ids = torch.tensor([[5, 17, 99, 3, 42, 8]])
+    eng = build_engine(ServingConfig(backend="reference", speculate="mtp:2x1", pool_slots=128), model).engine
+    req = eng.add_request(ids[0].tolist(), 2)
+    eng.prefill(req)
+    with torch.no_grad():
+        hidden = target.model(input_ids=ids).last_hidden_state
+        nxt = torch.tensor([ids[0, 1:].tolist() + [req.output[0]]])
+        embeds = torch.nn.functional.embedding(nxt, own)  # the module's own, not the target's
+        out = mtp(hidden, embeds, target.model.rotary_emb(embeds, torch.arange(ids.shape[1])[None]))
+    assert eng.runner.mtp.candidates[eng.pool.table.row(req.req_id)] == (out[0, -1] @ head.T).topk(2).indices.tolist()
 
 
 def _reference_chain(target, mtp, head, tokens: list[int], first: int, more: int) -> list[int]:
