@@ -14,6 +14,8 @@ from runner.views.diff import MetricDelta, MetricsDiff, diff_runs
 from runner.views.history import resolve_run
 from runner.workspace import open_workspace
 
+SAMPLES_LEGEND = ("samples: median [interval of the median at the gate's confidence] n=count; p: two-sided "
+                  "Mann-Whitney U, a change is significant below 1 - confidence")
 REF_HELP = "A run id (or its start), a results.json or run folder path, or a PLAN/PHASE checkpoint tag."
 
 
@@ -35,9 +37,12 @@ def diff(
     """Compare the metrics of run A (baseline) and run B: old, new, delta and delta % per metric.
 
     A change for the worse (direction from the metric's threshold in the plan, else its target)
-    is a regression only beyond the gate's declared tolerance and only when both runs have the
-    same machine fingerprint; on different machines it is "not comparable". Where B stands
-    against each target is shown beside it. Exits 1 when a regression is flagged.
+    is a regression only beyond the gate's declared tolerance, only when both runs have the
+    same machine fingerprint (on different machines it is "not comparable") and, for a metric
+    reported as samples, only when a Mann-Whitney U test finds the change significant at the
+    gate's confidence (else "no significant change"; the medians are shown with their
+    intervals). Where B stands against each target is shown beside it. Exits 1 when a
+    regression is flagged.
     """
     with domain_errors():
         if output_format not in ("text", "markdown"):
@@ -83,26 +88,41 @@ def _verdict_line(result: MetricsDiff) -> str:
 def _text(result: MetricsDiff, rows: list[MetricDelta], hidden: list[str]) -> str:
     lines = [f"A: {result.old.title}", f"B: {result.new.title}", result.note, ""]
     if rows:
-        table = [("phase", "gate", "metric", "old", "new", "delta", "delta %", "tolerance", "target (B)", "verdict")]
+        table = [("phase", "gate", "metric", "old", "new", "delta", "delta %", "p", "tolerance", "target (B)",
+                  "verdict")]
         table += [_cells(row) for row in rows]
         lines += text_columns(table)
     else:
         lines.append("no metric changed")
     if hidden:
         lines.append(f"(not shown: {'; '.join(hidden)}; --all shows them)")
+    if any(row.confidence is not None for row in rows):
+        lines.append(SAMPLES_LEGEND)
     lines += ["", _verdict_line(result)]
     return "\n".join(lines)
 
 
 def _cells(row: MetricDelta) -> tuple[str, ...]:
-    def value(v: object) -> str:
-        return "-" if v is None else format_metric(v)
-
     delta = "-" if row.delta is None else f"{row.delta:+.4g}"
     pct = "-" if row.delta_pct is None else f"{row.delta_pct:+.1f}%"
+    p_value = "-" if row.p_value is None else format(row.p_value, ".2g")
     tolerance = "-" if row.tolerance is None else f"{row.tolerance * 100:g}%"
-    return (one_line(row.phase), one_line(row.gate), one_line(row.metric), value(row.old), value(row.new),
-            delta, pct, tolerance, _target(row), row.verdict)
+    return (one_line(row.phase), one_line(row.gate), one_line(row.metric),
+            _value(row.old, row.old_samples, row.old_interval), _value(row.new, row.new_samples, row.new_interval),
+            delta, pct, p_value, tolerance, _target(row), row.verdict)
+
+
+def _value(value: object, samples: int | None, interval: list[float] | None) -> str:
+    """``2.31``, or for samples their median and interval: ``2.31 [2.1, 2.5] n=20``
+    (``2.31 n=3`` when they are too few for an interval)."""
+    if value is None:
+        return "-"
+    text = format_metric(value)
+    if samples is None:
+        return text
+    if interval is not None:
+        text += f" [{format_metric(interval[0])}, {format_metric(interval[1])}]"
+    return f"{text} n={samples}"
 
 
 def _target(row: MetricDelta) -> str:
@@ -125,15 +145,17 @@ def _markdown(result: MetricsDiff, rows: list[MetricDelta], hidden: list[str]) -
         "",
     ]
     if rows:
-        lines += ["| phase | gate | metric | A | B | delta | delta % | threshold | target (B) | verdict |",
-                  "|---|---|---|--:|--:|--:|--:|---|---|---|"]
+        lines += ["| phase | gate | metric | A | B | delta | delta % | p | threshold | target (B) | verdict |",
+                  "|---|---|---|--:|--:|--:|--:|--:|---|---|---|"]
         for row in rows:
             cells = _cells(row)
             verdict = f"**{row.verdict}**" if row.verdict == "regression" else row.verdict
-            lines.append("| " + " | ".join(table_cell(c) for c in (*cells[:7], row.threshold or "-", cells[8]))
+            lines.append("| " + " | ".join(table_cell(c) for c in (*cells[:8], row.threshold or "-", cells[9]))
                          + f" | {verdict} |")
     else:
         lines.append("No metric changed.")
     if hidden:
         lines += ["", f"Not shown: {'; '.join(hidden)}."]
+    if any(row.confidence is not None for row in rows):
+        lines += ["", SAMPLES_LEGEND]
     return "\n".join(lines)

@@ -1,13 +1,15 @@
 """Comparing the metrics of two runs, like ``dvc metrics diff``. Pure.
 
 Every metric the two runs report for the same (phase, gate, metric) gets old, new, delta and
-delta %. Whether a change is worse comes from the plan: a metric whose ``expect`` threshold is
-``>=``/``>`` is better higher, ``<=``/``<`` better lower; other metrics only show their delta.
-A worse change is a **regression** only when it is larger than the gate's declared
-``tolerance`` for that metric *and* both runs have the same machine fingerprint; on different
-machines a directional change is "not comparable", never a regression. A metric one run lacks
-because its gate did not run there (``BLOCKED``, ``SKIPPED``, or not in the file) is "not run",
-not "added" or "removed".
+delta % (a metric reported as samples by its median, shown with its interval). Whether a change
+is worse comes from the plan: a metric whose ``expect`` threshold is ``>=``/``>`` is better
+higher, ``<=``/``<`` better lower; other metrics only show their delta. A worse change is a
+**regression** only when it is significant (a rank test, for samples), larger than the gate's
+declared ``tolerance`` for that metric *and* both runs have the same machine fingerprint
+(``runner.views.significance`` says how each verdict is reached); on different machines a
+directional change is "not comparable", never a regression. A metric one run lacks because its
+gate did not run there (``BLOCKED``, ``SKIPPED``, or not in the file) is "not run", not
+"added" or "removed".
 
 ``MetricDelta.notable`` is what ``runner diff`` shows by default: metrics with a threshold, and
 changes beyond ``NOISE_PCT`` (or of a value that is not a number).
@@ -19,19 +21,15 @@ import math
 import numbers
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 from runner.errors import UsageError
-from runner.plan.samples import representative
+from runner.plan.samples import DEFAULT_CONFIDENCE, MedianInterval, representative
 from runner.plan.schema import Gate, Plan
 from runner.plan.thresholds import Threshold
+from runner.records.checks import check_thresholds
 from runner.views.runs import RunRecord, describe_machine, display_path
+from runner.views.significance import Direction, Verdict, judge
 
-Direction = Literal["higher", "lower"]
-Verdict = Literal[
-    "regression", "within tolerance", "worse", "better", "unchanged", "changed",
-    "added", "removed", "not comparable", "not run",
-]
 NOISE_PCT = 1.0  # a change of a metric without a threshold smaller than this (%) is not shown by default
 
 _DIRECTIONS: dict[str, Direction] = {">=": "higher", ">": "higher", "<=": "lower", "<": "lower"}
@@ -39,10 +37,13 @@ _DIRECTIONS: dict[str, Direction] = {">=": "higher", ">": "higher", "<=": "lower
 
 @dataclass(frozen=True)
 class MetricDelta:
-    """One metric in both runs. ``delta``/``delta_pct`` are ``None`` when not numeric (or
-    ``delta_pct`` when the old value is 0); ``tolerance`` is relative (0.05 = 5%). ``target``
-    is the metric's target in the plan, with ``target_met`` and ``target_gap`` for the new
-    value (a target never makes a regression)."""
+    """One metric in both runs. ``old``/``new`` are the values, a list of samples as its median;
+    ``delta``/``delta_pct`` are ``None`` when not numeric (or ``delta_pct`` when the old value
+    is 0); ``tolerance`` is relative (0.05 = 5%). ``target`` is the metric's target in the plan,
+    with ``target_met`` and ``target_gap`` for the new value (a target never makes a
+    regression). For a side reported as samples, ``old_samples``/``new_samples`` count them and
+    ``old_interval``/``new_interval`` are the ``[low, high]`` interval of the median at
+    ``confidence`` (``None`` when too few); ``p_value`` is the rank test's, when one ran."""
 
     phase: str
     gate: str
@@ -57,6 +58,12 @@ class MetricDelta:
     target: str | None = None
     target_met: bool | None = None
     target_gap: float | None = None
+    p_value: float | None = None
+    confidence: float | None = None
+    old_samples: int | None = None
+    new_samples: int | None = None
+    old_interval: list[float] | None = None
+    new_interval: list[float] | None = None
 
     @property
     def notable(self) -> bool:
@@ -68,7 +75,7 @@ class MetricDelta:
             return True
         if self.verdict in ("added", "removed"):
             return False
-        if self.verdict == "unchanged":
+        if self.verdict in ("unchanged", "no significant change"):
             return False
         if self.verdict == "changed" and self.delta is not None:
             return self.delta_pct is None or abs(self.delta_pct) >= NOISE_PCT
@@ -146,9 +153,8 @@ def diff_runs(plan: Plan, old: RunRecord, new: RunRecord, *, labels: tuple[str, 
             f"{labels[1]}: {', '.join(p.phase for p in new.phase_results())})"
         )
     comparable = old.machine.fingerprint == new.machine.fingerprint
-    # a metric reported as samples is compared by its median
-    old_metrics = {key: representative(value) for key, value in old.metrics().items() if key[0] in shared}
-    new_metrics = {key: representative(value) for key, value in new.metrics().items() if key[0] in shared}
+    old_metrics = {key: value for key, value in old.metrics().items() if key[0] in shared}
+    new_metrics = {key: value for key, value in new.metrics().items() if key[0] in shared}
     keys = list(old_metrics) + [key for key in new_metrics if key not in old_metrics]
     ran_old, ran_new = _gates_that_ran(old), _gates_that_ran(new)
     rows = []
@@ -173,6 +179,7 @@ def diff_runs(plan: Plan, old: RunRecord, new: RunRecord, *, labels: tuple[str, 
                 comparable=comparable,
                 not_run=not_run,
                 target=target,
+                confidence=spec.confidence if spec is not None else DEFAULT_CONFIDENCE,
             )
         )
     return MetricsDiff(
@@ -191,45 +198,50 @@ _MISSING = _Missing()
 def compare_metric(
     phase: str, gate: str, metric: str, old: object, new: object, *,
     threshold: str | None, direction: Direction | None, tolerance: float | None, comparable: bool,
-    not_run: bool = False, target: Threshold | None = None,
+    not_run: bool = False, target: Threshold | None = None, confidence: float = DEFAULT_CONFIDENCE,
 ) -> MetricDelta:
-    """One row of the diff; ``old``/``new`` are ``_MISSING`` when a run did not report it
-    (``not_run``: because the gate did not run in that run); ``target`` is judged on ``new``."""
+    """One row of the diff; ``old``/``new`` are the values as reported (a list of samples, a
+    number, ...) or ``_MISSING`` when a run did not report it (``not_run``: because the gate did
+    not run in that run); ``target`` is judged on ``new``, samples at ``confidence``."""
+    judgement = None
+    if not_run:
+        verdict: Verdict = "not run"
+    elif old is _MISSING:
+        verdict = "added"
+    elif new is _MISSING:
+        verdict = "removed"
+    else:
+        judgement = judge(old, new, direction=direction, tolerance=tolerance, comparable=comparable,
+                          confidence=confidence)
+        verdict = judgement.verdict
+    old_value = _MISSING if old is _MISSING else representative(old)
+    new_value = _MISSING if new is _MISSING else representative(new)
     delta = delta_pct = None
-    if _is_number(old) and _is_number(new):
-        delta = float(new) - float(old)
-        delta_pct = 100.0 * delta / abs(float(old)) if old != 0 else None
-    verdict = "not run" if not_run else _verdict(old, new, delta, direction, tolerance, comparable)
+    if _is_number(old_value) and _is_number(new_value):
+        delta = float(new_value) - float(old_value)
+        delta_pct = 100.0 * delta / abs(float(old_value)) if old_value != 0 else None
+    target_check = None
+    if target is not None and new is not _MISSING:
+        [target_check] = check_thresholds({metric: target}, {metric: new}, confidence)
+    sampled = isinstance(old, list) or isinstance(new, list)
     return MetricDelta(
         phase=phase, gate=gate, metric=metric,
-        old=None if old is _MISSING else old, new=None if new is _MISSING else new,
+        old=None if old_value is _MISSING else old_value, new=None if new_value is _MISSING else new_value,
         delta=delta, delta_pct=delta_pct, threshold=threshold, tolerance=tolerance, verdict=verdict,
         target=str(target) if target is not None else None,
-        target_met=target.check(new) if target is not None and new is not _MISSING else None,
-        target_gap=target.gap(new) if target is not None and new is not _MISSING else None,
+        target_met=target_check.ok if target_check is not None else None,
+        target_gap=target_check.gap if target_check is not None else None,
+        p_value=judgement.p_value if judgement is not None else None,
+        confidence=confidence if sampled else None,
+        old_samples=len(old) if isinstance(old, list) else None,
+        new_samples=len(new) if isinstance(new, list) else None,
+        old_interval=_bounds(judgement.old_interval) if judgement is not None else None,
+        new_interval=_bounds(judgement.new_interval) if judgement is not None else None,
     )
 
 
-def _verdict(old, new, delta, direction, tolerance, comparable) -> Verdict:
-    if old is _MISSING:
-        return "added"
-    if new is _MISSING:
-        return "removed"
-    if delta is None:
-        return "unchanged" if old == new else "changed"
-    if delta == 0:
-        return "unchanged"
-    if direction is None:
-        return "changed"
-    if not comparable:
-        return "not comparable"
-    worse = delta < 0 if direction == "higher" else delta > 0
-    if not worse:
-        return "better"
-    if tolerance is None:
-        return "worse"
-    relative = abs(delta) / abs(float(old)) if old != 0 else math.inf
-    return "regression" if relative > tolerance else "within tolerance"
+def _bounds(interval: MedianInterval | None) -> list[float] | None:
+    return [interval.low, interval.high] if interval is not None and interval.bounded else None
 
 
 def _gates_that_ran(run: RunRecord) -> set[tuple[str, str]]:
