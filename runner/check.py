@@ -24,7 +24,10 @@ from runner.records.machine import MachineInfo
 from runner.records.places import check_outputs
 from runner.records.results import PhaseResults, ResultsFile, combine_outcomes
 from runner.runs import PhaseStartFn, ResultFn, RunContext, exit_code_for, finish_elsewhere_hint, run_phase
+from runner.views.baseline import compare_with_baseline, refuse_unusable_baseline
+from runner.views.diff import MetricsDiff
 from runner.views.junit import append_summary, write_empty_junit, write_junit
+from runner.views.runs import RunRecord
 from runner.workspace import Workspace
 
 
@@ -38,6 +41,7 @@ class GateCheck:
     results: ResultsFile | None
     exit_code: ExitCode
     messages: list[str] = field(default_factory=list)
+    baseline: MetricsDiff | None = None
 
 
 def select_phases(plan: Plan, phase_ids: Sequence[str], completed: bool) -> list[Phase]:
@@ -70,12 +74,16 @@ def check_phases(
     keep_going: bool = False,
     on_start: PhaseStartFn | None = None,
     on_logs: Callable[[Path], None] | None = None,
+    baseline: RunRecord | None = None,
+    baseline_label: str = "baseline",
 ) -> GateCheck:
     """Run the gates of the selected phases; write ``out`` when given. Changes nothing else.
 
     ``junit`` (JUnit XML) and ``summary`` (Markdown, appended) are written for CI whenever the
     gates ran, also when the tree changed under them; like ``out`` and ``logs`` they are left
-    out of the tree fingerprint.
+    out of the tree fingerprint. With a ``baseline`` run (from this machine fingerprint, else
+    refused before any gate), the results are compared with it as ``runner diff`` compares two
+    runs, and a regression makes the exit code 1 even when every gate passed.
     """
     check_outputs(files={"--out": out, "--junit": junit, "--summary": summary}, folders={"--logs": logs})
     phases = select_phases(ws.plan, phase_ids, completed)
@@ -88,6 +96,8 @@ def check_phases(
     for phase in phases:  # a misnamed `call` is a plan error before any gate runs
         check_calls(ws.doc, phase, ws.root)
     machine = machine or machine_probe.probe_machine()
+    if baseline is not None:
+        refuse_unusable_baseline(baseline, baseline_label, machine, phases)
     devices = frozenset(machine.devices)
     own_files = [Path(path) for path in (out, logs, junit, summary) if path is not None]
     fingerprint = ws.fingerprint(own_files)
@@ -131,7 +141,12 @@ def check_phases(
         results_file.dump(Path(out))
         messages.append(f"results written to {out}")
     messages.append(f"gate logs in {log_root}")
-    return GateCheck(results_file, exit_code, messages)
+    compared = None
+    if baseline is not None:
+        compared = compare_with_baseline(ws.plan, baseline, baseline_label, results_file, ws.root)
+        if compared.regressions and exit_code in (ExitCode.OK, ExitCode.BLOCKED):
+            exit_code = ExitCode.GATE_FAILED
+    return GateCheck(results_file, exit_code, messages, compared)
 
 
 def _write_ci_files(results: ResultsFile, *, junit: Path | None, summary: Path | None) -> list[str]:

@@ -54,13 +54,13 @@ def diff(
         typer.echo(json_text(result.to_json()))
         raise typer.Exit(int(code))
     rows = [row for row in result.rows if show_all or row.notable]
-    hidden = _hidden(result.rows, rows)
-    text = _markdown(result, rows, hidden) if output_format == "markdown" else _text(result, rows, hidden)
+    hidden = hidden_rows(result.rows, rows)
+    text = _markdown(result, rows, hidden) if output_format == "markdown" else diff_text(result, rows, hidden)
     typer.echo(text)
     raise typer.Exit(int(code))
 
 
-def _hidden(every: list[MetricDelta], shown: list[MetricDelta]) -> list[str]:
+def hidden_rows(every: list[MetricDelta], shown: list[MetricDelta]) -> list[str]:
     """What the default view leaves out, one sentence per kind (``--all`` shows it)."""
     left = [row for row in every if row not in shown]
     counts = {kind: sum(row.verdict in verdicts for row in left) for kind, verdicts in (
@@ -85,7 +85,8 @@ def _verdict_line(result: MetricsDiff) -> str:
     return line
 
 
-def _text(result: MetricsDiff, rows: list[MetricDelta], hidden: list[str]) -> str:
+def diff_text(result: MetricsDiff, rows: list[MetricDelta], hidden: list[str]) -> str:
+    """The diff as text: both runs, the table of ``rows``, what was left out, the verdict."""
     lines = [f"A: {result.old.title}", f"B: {result.new.title}", result.note, ""]
     if rows:
         table = [("phase", "gate", "metric", "old", "new", "delta", "delta %", "p", "tolerance", "target (B)",

@@ -9,6 +9,8 @@ import typer
 
 from runner.check import check_phases
 from runner.cli._common import PLAN_HELP, GateOutput, domain_errors
+from runner.cli.diff import REF_HELP, diff_text, hidden_rows
+from runner.views.history import resolve_run
 from runner.runs import interrupt_on_sigterm
 from runner.workspace import open_workspace
 
@@ -50,15 +52,23 @@ def gate(
             "(a benchmark gate still needs every verify gate before it to pass).",
         ),
     ] = False,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", metavar="RUN",
+                     help=f"Judge the results against this run as runner diff does (exit 1 on a regression); "
+                     f"it must come from this machine fingerprint. {REF_HELP}"),
+    ] = None,
 ) -> None:
     """Run the gates of the named phases (or of every complete phase) and report.
 
     Changes no file except --out, --logs, --junit and --summary, makes no commit and takes no lock. Works in a
-    copy of the tree without .git (a GPU host).
+    copy of the tree without .git (a GPU host). With --baseline RUN the metrics are then compared with that
+    run's: a regression (significant for samples, beyond the plan's tolerance) exits 1.
     """
     output = GateOutput()
     with domain_errors():
         ws = open_workspace(plan)
+        baseline_run = resolve_run(ws, baseline) if baseline is not None else None
         with interrupt_on_sigterm(), output.running():
             check = check_phases(
                 ws,
@@ -73,10 +83,16 @@ def gate(
                 keep_going=keep_going,
                 on_start=output.on_start,
                 on_logs=output.on_logs,
+                baseline=baseline_run,
+                baseline_label=baseline or "baseline",
             )
     for line in check.messages:
         typer.echo(line, err=check.exit_code != 0)
     if check.results is not None:
         summary = ", ".join(f"{phase.phase} {phase.outcome}" for phase in check.results.phases)
         typer.echo(f"{summary} (fingerprint {check.results.fingerprint})")
+    if check.baseline is not None:
+        rows = [row for row in check.baseline.rows if row.notable]
+        typer.echo("")
+        typer.echo(diff_text(check.baseline, rows, hidden_rows(check.baseline.rows, rows)))
     raise typer.Exit(int(check.exit_code))
