@@ -9,10 +9,10 @@ import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
 from runner.errors import UsageError
-from runner.formatting import format_metric, json_text, one_line, short, text_columns
+from runner.formatting import json_text, one_line, short, text_columns
 from runner.plan.schema import Phase, Plan
 from runner.records.results import MetricCheck
-from runner.records.run_folder import headline_metrics, target_checks
+from runner.records.run_folder import headline_metrics, headline_texts, target_checks
 from runner.views.history import describe_targets, plan_checkpoints
 from runner.views.runs import RunRecord, describe_machine, find_runs
 from runner.workspace import open_workspace
@@ -50,7 +50,7 @@ def history(
         rows += [
             (run.phase or "-", run.path.parent.name, run.results.created, run.outcome,
              describe_machine(run.machine), short(run.results.fingerprint), short(run.machine.fingerprint),
-             ", ".join(f"{one_line(k)}={format_metric(v)}" for k, v in _headline(ws.plan, run).items()) or "-",
+             _headline_text(ws.plan, run) or "-",
              describe_targets(_targets(ws.plan, run)) or "-", _note(run))
             for run in scan.runs
         ]
@@ -79,6 +79,13 @@ def _headline(plan: Plan, run: RunRecord) -> dict:
         return {}
     [results] = run.phase_results()
     return headline_metrics(phase, results.gates)
+
+
+def _headline_text(plan: Plan, run: RunRecord) -> str:
+    """``speedup=2.31 (median of 20; 95% interval [2.1, 2.5]), errors=0``."""
+    phase = _phase_of(plan, run)
+    texts = headline_texts(phase, _headline(plan, run)) if phase is not None else {}
+    return ", ".join(f"{one_line(name)}={text}" for name, text in texts.items())
 
 
 def _targets(plan: Plan, run: RunRecord) -> list[MetricCheck]:

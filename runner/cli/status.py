@@ -11,8 +11,10 @@ import typer
 from rich.table import Table
 
 from runner.cli._common import PLAN_HELP, domain_errors, stdout_console
-from runner.formatting import format_metric, json_text, one_line
+from runner.formatting import json_text, one_line
+from runner.plan.schema import Plan
 from runner.records.results import MetricCheck
+from runner.records.run_folder import headline_texts
 from runner.views.history import describe_phase, describe_targets, phase_headline, phase_targets
 from runner.views.runs import PhaseRuns, find_shown_runs
 from runner.views.status import StatusView, plan_status
@@ -49,9 +51,9 @@ def status(
         return
     console = stdout_console()
     if console.is_terminal:
-        console.print(_table(view, described, facts))
+        console.print(_table(ws.plan, view, described, facts))
     else:
-        typer.echo(_plain(view, described, facts))
+        typer.echo(_plain(ws.plan, view, described, facts))
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,13 @@ def _runs_json(runs: PhaseRuns | None) -> dict:
             "evidence": one(runs.evidence)}
 
 
-def _metrics(metrics: dict) -> str:
-    return ", ".join(f"{one_line(name)}={format_metric(value)}" for name, value in metrics.items())
+def _metrics(plan: Plan, phase_id: str, metrics: dict) -> str:
+    """``speedup=2.31 (median of 20; 95% interval [2.1, 2.5]), errors=0``."""
+    texts = headline_texts(plan.phase(phase_id), metrics)
+    return ", ".join(f"{one_line(name)}={text}" for name, text in texts.items())
 
 
-def _table(view: StatusView, described: dict[str, str], facts: dict[str, _Facts]) -> Table:
+def _table(plan: Plan, view: StatusView, described: dict[str, str], facts: dict[str, _Facts]) -> Table:
     table = Table(title=f"{view.plan_id}: {view.plan_title}" if view.plan_title else view.plan_id)
     for column in ("", "phase", "status", "checkpoint", "time", "commit", "headline metrics", "targets"):
         table.add_column(column)
@@ -90,14 +94,14 @@ def _table(view: StatusView, described: dict[str, str], facts: dict[str, _Facts]
             record.tag if record else "",
             record.time if record else "",
             (record.commit or "")[:12] if record else "",
-            _metrics(facts[phase.id].headline[0]),
+            _metrics(plan, phase.id, facts[phase.id].headline[0]),
             describe_targets(facts[phase.id].targets[0]),
         )
     table.caption = f"next: {view.next_phase}" if view.next_phase else "every phase is complete"
     return table
 
 
-def _plain(view: StatusView, described: dict[str, str], facts: dict[str, _Facts]) -> str:
+def _plain(plan: Plan, view: StatusView, described: dict[str, str], facts: dict[str, _Facts]) -> str:
     lines = [f"plan {view.plan_id} ({view.plan_path})"]
     for phase in view.phases:
         marker = "->" if phase.next else "  "
@@ -108,7 +112,7 @@ def _plain(view: StatusView, described: dict[str, str], facts: dict[str, _Facts]
             lines.append(f"     checkpoint {record.tag} at {record.time}{commit}")
         metrics, source = facts[phase.id].headline
         if metrics:
-            lines.append(f"     {_metrics(metrics)}" + (f" ({source})" if record is None and source else ""))
+            lines.append(f"     {_metrics(plan, phase.id, metrics)}" + (f" ({source})" if record is None and source else ""))
         targets, source = facts[phase.id].targets
         if targets and record is not None:
             lines.append(f"     targets the checkpoint left open: {describe_targets(targets).partition('; open: ')[2]}")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from runner.formatting import format_metric
+
 DEFAULT_CONFIDENCE = 0.95
 MAX_SAMPLES = 10_000
 """The most samples one metric may hold (a gate's metrics file is at most 1 MiB anyway)."""
@@ -148,6 +150,19 @@ def describe(interval: MedianInterval, digits: int | None = 4) -> str:
                 f"too few for a {level} interval (at least {min_samples(interval.confidence)})")
     return (f"median {number(interval.median)}, {level} interval [{number(interval.low)}, "
             f"{number(interval.high)}] of {interval.n} samples")
+
+
+def metric_text(value: Any, confidence: float = DEFAULT_CONFIDENCE) -> str:
+    """A metric as the views show it: ``format_metric`` for one value; for samples their median
+    and its interval, ``2.31 (median of 20; 95% interval [2.1, 2.5])``, or ``2.31 (median of 3;
+    too few for a 95% interval)``."""
+    if not is_samples(value) or sample_problem(value) is not None:
+        return format_metric(value)
+    interval = median_interval(value, confidence)
+    level = f"{confidence * 100:g}%"
+    where = (f"{level} interval [{format_metric(interval.low)}, {format_metric(interval.high)}]" if interval.bounded
+             else f"too few for a {level} interval")
+    return f"{format_metric(float(interval.median))} (median of {interval.n}; {where})"
 
 
 def merge_repetitions(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
 from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
-from runner.plan.samples import MAX_SAMPLES, is_samples
+from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES, is_samples
 from runner.plan.schema import GATE_KINDS, ID_PATTERN
 from runner.records.machine import MachineInfo
 from runner.timeutil import iso_ms
@@ -341,6 +341,13 @@ def plan_problems(gates: Iterable[GateResult], planned: Iterable[object]) -> lis
     if order != expected:
         problems.append(f"gates recorded in the order {', '.join(order)}, not the order a run of the plan takes: {', '.join(expected)}")
     return problems
+
+
+def gate_confidence(gate: GateResult) -> float:
+    """The confidence a gate's checks were judged at (the default for a gate without any): what
+    a view shows a sampled metric's interval at when it has the result and not the plan."""
+    return next((check.confidence for check in [*gate.checks, *gate.targets] if check.confidence is not None),
+                DEFAULT_CONFIDENCE)
 
 
 def combine_outcomes(outcomes: Iterable[Outcome]) -> Outcome:

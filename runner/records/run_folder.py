@@ -24,11 +24,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from runner.formatting import MARKDOWN_FILTERS, format_metric, one_line, table_cell
+from runner.formatting import MARKDOWN_FILTERS, one_line, table_cell
 from runner.gates.protocol import MAX_ARTIFACT_BYTES
+from runner.plan.samples import DEFAULT_CONFIDENCE, metric_text
 from runner.plan.schema import Phase, Plan
 from runner.records.checks import check_thresholds
-from runner.records.results import GateResult, MetricCheck, ResultsFile
+from runner.records.results import GateResult, MetricCheck, ResultsFile, gate_confidence
 from runner.templating import template_env
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 
@@ -203,7 +204,7 @@ def render_report(results: ResultsFile, context: ReportContext, *, run_dir: Path
         machine=results.machine,
         machine_fingerprint=results.machine.fingerprint,
         gates=gates,
-        headline=headline_metrics(context.phase, phase_results.gates),
+        headline=headline_texts(context.phase, headline_metrics(context.phase, phase_results.gates)),
     )
     return text.rstrip("\n") + "\n"
 
@@ -221,6 +222,20 @@ def headline_metrics(phase: Phase, gates: list[GateResult]) -> dict[str, bool | 
                 found[name] = value
                 break
     return found
+
+
+def metric_confidence(phase: Phase, metric: str) -> float:
+    """The confidence a view shows ``metric``'s interval at: that of the first gate of the
+    phase that names it in ``expect``, ``targets`` or ``tolerance``, else the default."""
+    for gate in phase.gates:
+        if metric in gate.expect or metric in gate.targets or metric in gate.tolerance:
+            return gate.confidence
+    return DEFAULT_CONFIDENCE
+
+
+def headline_texts(phase: Phase, metrics: dict) -> dict[str, str]:
+    """``metrics`` of ``phase`` as text, samples as their median and interval (``metric_text``)."""
+    return {name: metric_text(value, metric_confidence(phase, name)) for name, value in metrics.items()}
 
 
 def target_checks(phase: Phase, gates: list[GateResult]) -> list[MetricCheck]:
@@ -252,7 +267,7 @@ def _gate_view(gate: GateResult, run_dir: Path | None) -> _GateView:
     links = ", ".join(f"[{name}]({artifact_file_name(gate.name, name)})" for name in sorted(gate.artifacts))
     checked = {check.metric for check in gate.checks}
     other = ", ".join(
-        f"{table_cell(name)}={table_cell(format_metric(value))}"
+        f"{table_cell(name)}={table_cell(metric_text(value, gate_confidence(gate)))}"
         for name, value in sorted(gate.metrics.items())
         if name not in checked
     )

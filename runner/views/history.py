@@ -128,14 +128,27 @@ def phase_headline(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,
                    runs: PhaseRuns | None) -> tuple[dict, str | None]:
     """The phase's headline metrics and where they come from: its checkpoint, else the run that
     explains its status (or the evidence that waits). What ``status`` and the report show."""
-    if checkpoint is not None and checkpoint.metrics:
-        return dict(checkpoint.metrics), f"checkpoint {checkpoint.tag}"
     shown = runs.shown if runs is not None else None
+    if checkpoint is not None and checkpoint.metrics:
+        metrics = dict(checkpoint.metrics)
+        if shown is not None and _is_report_of(shown, checkpoint):
+            # the plan keeps a sampled metric's median; its run keeps the samples, for the interval
+            [results] = shown.phase_results()
+            sampled = headline_metrics(plan.phase(phase_id), results.gates)
+            metrics.update({name: value for name, value in sampled.items() if isinstance(value, list)
+                            and name in metrics})
+        return metrics, f"checkpoint {checkpoint.tag}"
     if shown is None:
         return {}, None
     [results] = shown.phase_results()
     metrics = headline_metrics(plan.phase(phase_id), results.gates)
     return metrics, (f"run {shown.run_id}" if metrics else None)
+
+
+def _is_report_of(run: RunRecord, checkpoint: CheckpointView) -> bool:
+    """Whether ``run`` is the run whose report the checkpoint names (its folder, in its phase)."""
+    report = Path(checkpoint.report)
+    return run.phase == checkpoint.phase and run.folder == report.parent.name and report.parent.parent.name == run.phase
 
 
 def phase_targets(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,

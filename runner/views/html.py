@@ -23,9 +23,9 @@ from runner.formatting import format_metric, short
 from runner.gates.protocol import PLOT_SUFFIX
 from runner.plan.schema import Phase
 from runner.records.places import check_reports
-from runner.plan.samples import representative
+from runner.plan.samples import is_samples, median_interval, representative
 from runner.records.results import GateResult, MetricCheck
-from runner.records.run_folder import headline_metrics, read_artifacts, target_checks
+from runner.records.run_folder import headline_metrics, headline_texts, metric_confidence, read_artifacts, target_checks
 from runner.records.run_folder import REPORTS_DIR
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
@@ -53,7 +53,7 @@ class PhaseSection:
     plots: list[Plot] = field(default_factory=list)
     plot_notes: list[str] = field(default_factory=list)
     others: list[tuple[str, RunRecord, str]] = field(default_factory=list)  # (what, run, link)
-    headline: dict = field(default_factory=dict)  # as runner status shows it
+    headline: dict = field(default_factory=dict)  # as runner status shows it: name -> text
     targets: list[MetricCheck] = field(default_factory=list)  # the plan's targets against the latest run
 
     @property
@@ -158,7 +158,7 @@ def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, summary
             report = run.path.parent / "report.md"
             label = f"evidence ({run.meta.reason})" if what == "evidence" and run.meta.reason else what
             others.append((label, run, _link(report if report.is_file() else run.path, out_dir)))
-    headline, _ = phase_headline(ws.plan, spec.id, view.checkpoint, summary)
+    headline = headline_texts(spec, phase_headline(ws.plan, spec.id, view.checkpoint, summary)[0])
     targets = target_checks(spec, gates) if latest is not None else []
     return PhaseSection(spec, view, report_link, len(runs), latest, latest_link, gates, plots, plot_notes,
                         others, headline, targets)
@@ -197,12 +197,16 @@ def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | No
         points = []
         for run in runs:
             [phase_results] = run.phase_results()
-            value = representative(headline_metrics(spec, phase_results.gates).get(metric))  # samples: the median
+            reported = headline_metrics(spec, phase_results.gates).get(metric)
+            value = representative(reported)  # samples: the median, drawn with its interval
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
+            interval = median_interval(reported, metric_confidence(spec, metric)) if is_samples(reported) else None
+            bounded = interval is not None and interval.bounded
             points.append(
                 Point(run.created, float(value), run.run_id,
-                      checkpoint=run.path.parent.resolve() == checkpoint_run)
+                      checkpoint=run.path.parent.resolve() == checkpoint_run,
+                      low=interval.low if bounded else None, high=interval.high if bounded else None)
             )
         if points:
             plots.append(

@@ -11,8 +11,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from runner.formatting import MARKDOWN_FILTERS, format_metric
-from runner.records.results import GateResult, ResultsFile
+from runner.formatting import MARKDOWN_FILTERS
+from runner.plan.samples import metric_text
+from runner.records.results import GateResult, ResultsFile, gate_confidence
 from runner.templating import template_env
 
 SUMMARY_TEMPLATE = "summary.md.j2"
@@ -64,7 +65,7 @@ def _testcase(suite: ET.Element, classname: str, gate: GateResult) -> None:
     if gate.metrics or gate.checks or gate.targets:
         properties = ET.SubElement(case, "properties")
         pairs = [("kind", gate.kind)]
-        pairs += [(name, format_metric(value)) for name, value in gate.metrics.items()]
+        pairs += [(name, metric_text(value, gate_confidence(gate))) for name, value in gate.metrics.items()]
         pairs += [(f"expect.{check.metric}", check.threshold) for check in gate.checks]
         for check in gate.targets:  # a target never fails the testcase; its gap is a property
             pairs += [(f"target.{check.metric}", check.threshold), (f"target_gap.{check.metric}", check.shortfall)]

@@ -22,6 +22,7 @@ from runner.gates.protocol import PLOT_FORMAT
 
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate"}
 SCALES = ("linear", "log")
+INTERVAL_LABEL = "interval of the median"
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,15 @@ class Plot:
 
 @dataclass(frozen=True)
 class Point:
-    """One run's value of a metric; ``checkpoint`` marks the run a checkpoint records."""
+    """One run's value of a metric; ``checkpoint`` marks the run a checkpoint records. A metric
+    reported as samples is its median, with ``low``/``high`` the interval of the median."""
 
     time: datetime
     value: float
     label: str
     checkpoint: bool = False
+    low: float | None = None
+    high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,8 @@ def _powers_of_two(spec: PlotSpec) -> bool:
 
 def metric_history_plot(metric: str, points: Sequence[Point], *, threshold: tuple[str, float] | None = None,
                         title: str | None = None) -> Plot:
-    """``metric`` across runs (x: run time); checkpoints drawn as stars; the threshold dotted."""
+    """``metric`` across runs (x: run time); checkpoints drawn as stars; the threshold dotted; a
+    sampled run's interval of the median as an error bar around its median."""
     with _style():
         return _history(metric, points, threshold, title)
 
@@ -188,6 +193,12 @@ def _history(metric: str, points: Sequence[Point], threshold: tuple[str, float] 
     fig, ax = _figure(height=2.6)
     ordered = sorted(points, key=lambda point: point.time)
     ax.plot([p.time for p in ordered], [p.value for p in ordered], marker="o", label=_label(metric))
+    ranged = [p for p in ordered if p.low is not None and p.high is not None]
+    if ranged:
+        below = [max(p.value - p.low, 0.0) for p in ranged]
+        above = [max(p.high - p.value, 0.0) for p in ranged]
+        ax.errorbar([p.time for p in ranged], [p.value for p in ranged], yerr=[below, above], fmt="none",
+                    capsize=4, ecolor="#1d2330", elinewidth=1, label=_label(INTERVAL_LABEL))
     marked = [p for p in ordered if p.checkpoint]
     if marked:
         ax.plot([p.time for p in marked], [p.value for p in marked], linestyle="none", marker="*",
