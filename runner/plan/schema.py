@@ -132,8 +132,10 @@ class Gate(_Model):
     ``expect`` maps metrics to the thresholds a pass needs; ``targets`` maps metrics to what
     the team aims at, in the same syntax: a missed target is shown with its gap and never
     changes a verdict. ``tolerance`` maps metrics to the relative change for the worse
-    (``0.05`` or ``"5%"``) that ``runner diff`` accepts before it calls a run a regression
-    against a baseline from the same machine.
+    (``0.05`` or ``"5%"``) that ``runner diff`` and ``runner gate --baseline`` accept before they
+    call a run a regression against a baseline from the same machine (for samples, the change
+    of the median, and only when a rank test at ``confidence`` finds it significant:
+    ``runner.views.significance``).
 
     ``repeat`` runs the gate that many times (each with its own ``timeout``) and collects each
     number it reports into samples; a gate may also report a list of numbers itself. A
