@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             drifted.append(str(PAGE.relative_to(ROOT)))
         if check:
             for what in drifted:
-                print(f"docs/examples.py: {what} no longer matches the tracked runs; run python docs/examples.py")
+                print(f"docs/examples.py: {what} no longer matches what the runner prints; run python docs/examples.py")
             return 1 if drifted else 0
         README.write_text(expected, encoding="utf-8")
         PAGE.write_text(html, encoding="utf-8")
