@@ -31,6 +31,7 @@ from serving.engine.batch import StepBatch, StepEntry
 from serving.engine.kv_pool import PoolExhausted
 from serving.engine.model_runner import StepShape
 from serving.engine.mtp import MAX_MTP_WIDTH
+from serving.engine.ngram_index import NgramIndex, NgramIndexes
 from serving.engine.tree import MAX_DRAFT_TOKENS, DraftTree
 
 if TYPE_CHECKING:
@@ -39,11 +40,18 @@ if TYPE_CHECKING:
 
 
 class DraftRequest(Protocol):
-    """What a drafter reads of a request: its id (its slot-table row), its whole token history
-    (prompt + output) and the latest token (the next step's root, not cached yet)."""
+    """What a drafter reads of a request: its id (its slot-table row), its token history (prompt
+    and output, or both as one new list) and the latest token (the next step's root, not cached
+    yet)."""
 
     @property
     def req_id(self) -> int: ...
+
+    @property
+    def prompt(self) -> list[int]: ...
+
+    @property
+    def output(self) -> list[int]: ...
 
     @property
     def tokens(self) -> list[int]: ...
@@ -129,7 +137,8 @@ def _check_shape(width: int, depth: int) -> None:
 
 class NgramDrafter:
     """Prompt-lookup drafts: for n = max_n .. min_n, the latest ``width`` earlier occurrences of
-    the last n tokens, each continued for up to ``depth`` tokens."""
+    the last n tokens, each continued for up to ``depth`` tokens. Each request's n-grams are
+    indexed as its history grows (``serving.engine.ngram_index``): a step costs its new tokens."""
 
     def __init__(self, width: int = 4, depth: int = 4, max_n: int = 3, min_n: int = 1) -> None:
         _check_shape(width, depth)
@@ -138,25 +147,20 @@ class NgramDrafter:
         self.width, self.depth, self.max_n, self.min_n = width, depth, max_n, min_n
         self.max_drafts = min(width * depth, MAX_DRAFT_TOKENS)
         self.fused_topk = 0
+        self.indexes = NgramIndexes(min_n, max_n)
 
     def draft_steps(self, num_layers: int) -> list[DraftStep]:
         return []  # host lookups only
 
     def paths(self, history: list[int]) -> list[list[int]]:
-        found: list[list[int]] = []
-        for n in range(min(self.max_n, len(history) - 1), self.min_n - 1, -1):
-            suffix = history[-n:]
-            for start in range(len(history) - n - 1, -1, -1):
-                if history[start : start + n] == suffix:
-                    cont = history[start + n : start + n + self.depth]
-                    if cont and cont not in found:
-                        found.append(cont)
-                        if len(found) >= self.width:
-                            return found
-        return found
+        """The continuations of one history (a fresh index: for a one-off lookup)."""
+        index = NgramIndex(self.min_n, self.max_n)
+        index.extend(history)
+        return index.continuations(self.width, self.depth)
 
     def propose(self, ctx: DraftContext, requests: Sequence[DraftRequest]) -> list[DraftTree]:
-        return [DraftTree.from_paths(self.paths(r.tokens)) for r in requests]
+        return [DraftTree.from_paths(self.indexes.synced(r.req_id, r.prompt, r.output).continuations(self.width, self.depth))
+                for r in requests]
 
 
 class LayerSkipDrafter:

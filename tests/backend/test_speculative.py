@@ -81,3 +81,50 @@ def test_scratch_exhaustion_falls_back_to_plain_decoding(model):
     _, plain = run(model, None, prompts=[[1, 2, 3]], max_new=6)
     eng, spec = run(model, "tree:4x4", prompts=[[1, 2, 3]], max_new=6, slots=12)
     assert spec[0].output == plain[0].output and eng.pool.leaked_slots() == 0
+
+
+def _scan_continuations(history, width, depth, max_n, min_n=1):
+    """Prompt lookup by a backwards scan of the whole history: the index's oracle."""
+    found = []
+    for n in range(min(max_n, len(history) - 1), min_n - 1, -1):
+        suffix = history[-n:]
+        for start in range(len(history) - n - 1, -1, -1):
+            if history[start : start + n] == suffix:
+                cont = history[start + n : start + n + depth]
+                if cont and cont not in found:
+                    found.append(cont)
+                    if len(found) >= width:
+                        return found
+    return found
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ngram_index_drafts_what_a_full_scan_finds_as_the_history_grows(seed):
+    import random
+
+    from serving.engine.ngram_index import NgramIndexes
+
+    rng = random.Random(seed)
+    drafter = NgramDrafter(3, 4, max_n=3)
+    prompts = {rid: [rng.randrange(6) for _ in range(rng.randrange(1, 40))] for rid in range(3)}
+    outputs = {rid: [] for rid in prompts}
+    indexes = NgramIndexes(1, 3)
+    for _ in range(60):
+        rid = rng.randrange(3)
+        outputs[rid] += [rng.randrange(6) for _ in range(rng.randrange(1, 5))]  # a step's emitted tokens
+        history = prompts[rid] + outputs[rid]
+        want = _scan_continuations(history, 3, 4, 3)
+        assert indexes.synced(rid, prompts[rid], outputs[rid]).continuations(3, 4) == want
+        assert drafter.paths(history) == want
+    # an id reused by another request: its index is rebuilt, not extended
+    assert indexes.synced(0, [5, 4, 3, 5, 4], []).continuations(3, 4) == _scan_continuations([5, 4, 3, 5, 4], 3, 4, 3)
+
+
+def test_ngram_indexes_of_finished_requests_are_dropped():
+    from serving.engine.ngram_index import NgramIndexes
+
+    indexes = NgramIndexes(1, 2, idle_calls=10)
+    indexes.synced(99, [1, 2, 1], [])
+    for i in range(200):
+        indexes.synced(1, [1, 2, 3], [i % 3])
+    assert len(indexes) == 1
