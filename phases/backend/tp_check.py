@@ -13,7 +13,7 @@ writes the metrics (``--out``); the exit code is 1 when a token check fails.
    contexts are random latent rows (seeded: the same rows in every pool on every rank). Runs:
    TP=1 plain with CUDA graphs (the oracle; margins recorded), then TP=N plain with graphs,
    TP=N plain eager and TP=N tree speculation with graphs. A divergence from the oracle counts
-   in ``mismatched_tokens_*`` unless the oracle's top-two gap there is under one bf16 ulp
+   in ``mismatched_tokens_*`` unless the oracle's top-two gap there is at most one bf16 ulp
    (``near_tie_divergences_*``, as ``phases.backend.verify.compare``). TP=N runs compare every
    step's tokens across the ranks as well (``LockstepRunner``), so a divergence stops the run.
 2. Speed (bf16 model and pool, kernel backend, one request, random context rows) for TP=1

@@ -9,7 +9,7 @@ of its own) is decoded three times on one model and pool:
 3. tree speculation through the kernel backend.
 
 Run 3's tokens are compared with run 1's. Where the outputs first differ, a reference gap
-under one bf16 ulp of its top logit makes the divergence a *near tie* (counted in
+of at most one bf16 ulp of its top logit makes the divergence a *near tie* (counted in
 ``near_tie_divergences``, and the rest of that request is not compared: after a different
 token the continuations are unrelated); any other divergence counts every token from there
 on in ``mismatched_tokens``. ``near_ties`` counts every near-tie step of run 1.

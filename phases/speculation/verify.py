@@ -3,7 +3,7 @@
 On held-out prompts, plain greedy decoding (its top-two logit gaps recorded) and MTP tree
 speculation decode the same requests, first with the model in float32, then in bf16, both
 through the kernel backend with CUDA graphs where there is a GPU. Where the outputs first
-differ, a plain gap under one bf16 ulp of its top logit makes it a near tie
+differ, a plain gap of at most one bf16 ulp of its top logit makes it a near tie
 (``phases.common.greedy.compare``): allowed in bf16, counted per 1k tokens; any other
 divergence counts its tokens in ``mismatched_tokens_*``. In float32 there must be none of either.
 

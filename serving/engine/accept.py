@@ -31,13 +31,17 @@ def bf16_resolution(x: torch.Tensor) -> torch.Tensor:
 
 def row_outputs(logits: torch.Tensor, topk: int) -> dict[str, torch.Tensor]:
     """pred int64 [N] (first maximum, as ``argmax``), gap fp32 [N] (top-1 minus top-2 logit),
-    near_tie bool [N] (gap under one bf16 ulp of the top logit), and with ``topk`` the top-k ids
-    int64 [N, topk]."""
+    near_tie bool [N] (gap at most one bf16 ulp of the top logit), and with ``topk`` the top-k ids
+    int64 [N, topk].
+
+    At most, not under: bf16 logits are bf16 numbers, so two apart by less than an ulp before
+    rounding come out equal or adjacent (one ulp apart); "under one ulp" would be ties alone.
+    """
     out = {"pred": logits.argmax(dim=-1)}
     if logits.shape[-1] >= 2:
         top = logits.topk(2, dim=-1).values
         out["gap"] = top[:, 0] - top[:, 1]
-        out["near_tie"] = out["gap"] < bf16_resolution(top[:, 0])
+        out["near_tie"] = out["gap"] <= bf16_resolution(top[:, 0])
     if topk:
         out["topk"] = logits.topk(topk, dim=-1).indices
     return out

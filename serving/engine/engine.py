@@ -42,7 +42,7 @@ class Request:
 
     output: emitted tokens; error: why it failed (None when it finished); margins: per emitted
     token, the top-1 minus top-2 logit of the row that chose it, and tie_flags: whether that
-    gap is under one bf16 ulp of the top logit (when the engine records them).
+    gap is at most one bf16 ulp of the top logit (when the engine records them).
     """
 
     req_id: int
@@ -220,7 +220,7 @@ class Engine:
         gaps = ties = None
         if self.record_margins:
             top = logits[0].topk(2).values
-            gaps, ties = [float(top[0] - top[1])], [bool(top[0] - top[1] < bf16_resolution(top[0]))]
+            gaps, ties = [float(top[0] - top[1])], [bool(top[0] - top[1] <= bf16_resolution(top[0]))]
         self._emit(req, [int(logits[0].argmax())], gaps, ties)
 
     def fork_prefix(self, req: Request, source_slots: list[int]) -> None:

@@ -62,7 +62,7 @@ class StepResult:
     """Host results of a decode / verify / draft step, per entry.
 
     pred: the target's greedy token after each new token. gap, near_tie: each row's top-two
-    logit gap and whether it is under one bf16 ulp. topk: each row's top-k ids (drafter).
+    logit gap and whether it is at most one bf16 ulp. topk: each row's top-k ids (drafter).
     n_accepted, path, bonus (``accept``): accepted drafts, the accepted cells in path order
     (root first, then the accepted drafts: indices into the entry's tokens) and the token
     after the last one. mtp_topk (``mtp == "after"``): the MTP module's top tokens after the

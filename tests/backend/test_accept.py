@@ -92,3 +92,13 @@ def test_row_outputs_take_the_first_maximum_and_flag_near_ties():
     assert out["near_tie"].tolist() == [True, True] and out["gap"][0] == 0
     assert out["topk"][1].tolist() == [0, 3]
     assert float(bf16_resolution(torch.tensor(2.0))) == pytest.approx(2 ** -6)
+
+
+def test_adjacent_bf16_logits_are_a_near_tie_and_two_ulps_are_not():
+    """bf16 logits are bf16 numbers: values closer than an ulp before rounding come out one ulp
+    apart at most, so one ulp is a near tie; two ulps are a real choice."""
+    top = 5.0  # bf16 ulp 2^-5 in [4, 8)
+    logits = torch.tensor([[top, top - 2 ** -5, 0.0], [top, top - 2 ** -4, 0.0]], dtype=torch.bfloat16)
+    out = row_outputs(logits, topk=0)
+    assert out["gap"].float().tolist() == [2 ** -5, 2 ** -4]
+    assert out["near_tie"].tolist() == [True, False]
