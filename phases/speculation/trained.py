@@ -40,15 +40,17 @@ def trained_model(tiny: bool = False, log=print) -> tuple[Path, dict]:
 
 def heldout_contexts(folder: Path, context: int, count: int) -> list[list[int]]:
     """``count`` prompts of ``context`` tokens from the held-out files (never trained on): each
-    the next held-out files' openings joined until it is long enough."""
+    the next held-out files' openings, joined as training joins files (by the end-of-text id),
+    until it is long enough."""
     files = [p["ids"] for p in json.loads((folder / "heldout.json").read_text())["prompts"]]
     if not files:
         raise ValueError(f"Expected held-out prompts in {folder / 'heldout.json'}, got none")
+    eot = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
     out, at = [], 0
     for _ in range(count):
         ids: list[int] = []
         while len(ids) < context:
-            ids += files[at % len(files)]
+            ids += files[at % len(files)] + [eot]
             at += 1
         out.append(ids[:context])
     return out
