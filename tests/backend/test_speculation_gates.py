@@ -68,3 +68,18 @@ def test_accept_all_mtp_accepts_every_draft_and_keeps_the_tokens():
     assert got.output == want.output
     assert engine.stats.steps == 6  # 1 token from prefill, then 4 per step (3 drafts + the bonus)
     assert engine.pool.leaked_slots() == 0
+
+
+def test_accept_all_measure_keeps_the_set_acceptance_and_plain_tokens():
+    """The random-preset measurement: every acceptance run emits plain decoding's tokens, at
+    the acceptance it was set to (all drafts: depth + 1 per step; 1.5: 2.5 on average)."""
+    from phases.speculation.accept_all import measure
+
+    m = measure("tiny", contexts=[64], width=2, depth=3, accepted=[None, 1.5, 0], max_new_tokens=40, device="cpu")
+    assert m["leaked_slots"] == 0
+    for a in ("all", "1.5", "0"):
+        assert m[f"mtp_{a}_mismatched_tokens_64"] == 0
+        assert m[f"mtp_{a}_tok_s_64"] > 0
+    assert m["mtp_all_tokens_per_step_64"] > 3.5  # 4 a step but for the cut last one
+    assert 2.2 <= m["mtp_1.5_tokens_per_step_64"] <= 2.8
+    assert m["mtp_0_tokens_per_step_64"] == 1.0
