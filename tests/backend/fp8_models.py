@@ -32,7 +32,7 @@ FP8_TINY = dict(
     topk_group=1, routed_scaling_factor=2.5, first_k_dense_replace=1, max_position_embeddings=512,
 )
 # DeepSeek's quantized projections (everything else stays bf16 / fp32 in its files).
-QUANTIZED = re.compile(r"_proj\.weight$")
+QUANTIZED = re.compile(r"_proj(_with_mqa)?\.weight$")
 UNQUANTIZED = re.compile(r"(embed_tokens|norm|mlp\.gate\.|lm_head|shared_head|eh_proj)")
 
 
