@@ -192,8 +192,11 @@ def estimate(
         widest = max(h, cfg.intermediate_size, heads * max(cfg.qk_head_dim, cfg.qk_nope_head_dim + cfg.v_head_dim),
                      cfg.moe_intermediate_size * max(1, cfg.n_shared_experts), cfg.q_lora_rank or 0)
         scales = f32 * (quantized // (block * block) + params.tensors * (2 * (widest // block + 1) + 1))  # ceil per tensor
+        q_out = heads * cfg.qk_head_dim
+        dequantized = max(q_out * (cfg.q_lora_rank or h), (latent + (cfg.q_lora_rank or 0)) * h, h * heads * cfg.v_head_dim,
+                          2 * cfg.intermediate_size * h, 2 * cfg.moe_intermediate_size * max(1, cfg.n_shared_experts) * h)
         weights = dense * a + quantized + scales + params.fp32 * f32 + cfg.block_layers * kv_b * a + stacking // a \
-            + params.largest * a
+            + dequantized * a  # the largest projection dequantized for one prefill GEMM
     pool = pool_slots * cfg.block_layers * latent * _size(pool_dtype)
 
     longest = max(prompt_lens, default=0)
