@@ -6,8 +6,9 @@ Decisions:
   instead of producing wrong tokens.
 - Both rope spellings are accepted: transformers v5's ``rope_parameters`` and the original
   ``rope_theta`` + ``rope_scaling`` of DeepSeek's own checkpoints.
-- Quantized checkpoints (``quantization_config``) and routing other than sigmoid scores with
-  ``noaux_tc`` top-k are refused with the key named.
+- ``quantization_config``: DeepSeek's block FP8 is served (``quantization``); every other
+  format is refused with the key named. Routing other than sigmoid scores with ``noaux_tc``
+  top-k is refused too.
 - Values are checked before use: sizes are positive integers (booleans refused), floats such as
   ``rms_norm_eps`` and ``routed_scaling_factor`` finite and positive, flags booleans, so a NaN
   or -1 is a ``ConfigError`` naming the key instead of silently wrong tokens.
@@ -27,6 +28,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from serving.engine.quantization import BlockFP8Config, QuantizationError, parse_quantization
 
 ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 MODEL_TYPES = ("deepseek_v3",)
@@ -118,6 +121,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     num_nextn_predict_layers: int = 0
     rope: RopeConfig = field(default_factory=RopeConfig)
+    quantization: BlockFP8Config | None = None  # block-FP8 weights (DeepSeek's layout); None: unquantized
 
     @property
     def latent_dim(self) -> int:
@@ -161,10 +165,10 @@ class ModelConfig:
         unknown = sorted(k for k in raw if k not in MODEL_KEYS and k not in IGNORED_KEYS)
         if unknown:
             raise ConfigError(f"Expected only known DeepSeek-V3 config keys, got unknown key(s) {unknown}")
-        if raw.get("quantization_config"):
-            quant = raw["quantization_config"]
-            method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
-            raise ConfigError(f"Expected an unquantized checkpoint, got quantization_config with quant_method={method!r}")
+        try:
+            quantization = parse_quantization(raw.get("quantization_config"))
+        except QuantizationError as exc:
+            raise ConfigError(str(exc)) from None
         if raw.get("scoring_func", "sigmoid") != "sigmoid":
             raise ConfigError(f"Expected scoring_func 'sigmoid', got {raw['scoring_func']!r}")
         if raw.get("topk_method", "noaux_tc") != "noaux_tc":
@@ -186,6 +190,7 @@ class ModelConfig:
                                                                              "scoring_func", "topk_method", "quantization_config")}
         kwargs["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
         kwargs["rope"] = parse_rope(raw)
+        kwargs["quantization"] = quantization
         cfg = ModelConfig(**kwargs)
         if cfg.qk_rope_head_dim % 2:
             raise ConfigError(f"Expected an even qk_rope_head_dim (rope rotates pairs), got {cfg.qk_rope_head_dim}")

@@ -6,7 +6,9 @@ and bookkeeping), each in closed form:
 
 - weights: parameters x model dtype size (routers in float32, as the model keeps them), plus
   the absorbed W_UK / W_UV copies of every ``kv_b_proj``, plus one MoE layer's routed experts
-  twice more while the model stacks them.
+  twice more while the model stacks them. Block-FP8 projections kept as FP8 (``keep_fp8``)
+  count 1 byte each plus their float32 scales, and one projection dequantized at a time
+  (a prefill chunk's GEMM); ``kv_b_proj`` is dequantized at load and counts in the model dtype.
 - KV pool: slots x layers x latent_dim x pool dtype size.
 - activations: the larger of a prefill chunk and a decode / verify step, plus the rope tables:
   * per token of a forward (the chunk's tokens in prefill; requests x (1 + drafts) in a step):
@@ -73,6 +75,18 @@ class Parameters:
     @property
     def total(self) -> int:
         return self.model + self.fp32
+
+
+def unquantized_elements(cfg: ModelConfig) -> int:
+    """Elements of ``count_parameters(cfg).model`` that stay dense in a block-FP8 checkpoint: the
+    embeddings and heads, every norm, the attention biases, and the MTP module's ``eh_proj``
+    (DeepSeek ships it in bf16)."""
+    h, layers = cfg.hidden_size, cfg.block_layers
+    heads = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    norms = h + layers * (2 * h + cfg.kv_lora_rank + (cfg.q_lora_rank or 0))
+    biases = layers * ((cfg.q_lora_rank or 0) + cfg.latent_dim + h) if cfg.attention_bias else 0
+    mtp = 3 * h + 2 * h * h + cfg.vocab_size * h if cfg.has_mtp else 0
+    return heads + norms + biases + mtp
 
 
 def count_parameters(cfg: ModelConfig) -> Parameters:
@@ -153,12 +167,14 @@ def estimate(
     prefill_chunk: int = 8192,
     draft_tokens: int = 0,
     random_weights: bool = False,
+    keep_fp8: bool = False,
 ) -> Footprint:
     """The bytes a model of ``cfg`` in ``dtype`` on ``device`` with a pool of ``pool_slots`` rows
     takes to serve prompts of ``prompt_lens`` tokens (``draft_tokens`` per verify step).
 
     random_weights: weights drawn in float32 on the host (``random_models``), else read from a
     checkpoint. With no slots and no prompts it covers loading the weights only.
+    keep_fp8: a block-FP8 ``cfg``'s projections stay FP8 on the device (else dequantized at load).
     """
     device = torch.device(device)
     pool_dtype = pool_dtype or dtype
@@ -169,6 +185,18 @@ def estimate(
     moe_layers = cfg.block_layers > cfg.first_k_dense_replace and bool(cfg.n_routed_experts)
     stacking = 2 * (cfg.n_routed_experts or 0) * 3 * cfg.moe_intermediate_size * h * a if moe_layers else 0
     weights = params.model * a + params.fp32 * f32 + cfg.block_layers * kv_b * a + stacking
+    if cfg.quantization is not None and keep_fp8:
+        dense = unquantized_elements(cfg) + cfg.block_layers * kv_b
+        quantized = params.model - dense
+        block = cfg.quantization.block
+        widest = max(h, cfg.intermediate_size, heads * max(cfg.qk_head_dim, cfg.qk_nope_head_dim + cfg.v_head_dim),
+                     cfg.moe_intermediate_size * max(1, cfg.n_shared_experts), cfg.q_lora_rank or 0)
+        scales = f32 * (quantized // (block * block) + params.tensors * (2 * (widest // block + 1) + 1))  # ceil per tensor
+        q_out = heads * cfg.qk_head_dim
+        dequantized = max(q_out * (cfg.q_lora_rank or h), (latent + (cfg.q_lora_rank or 0)) * h, h * heads * cfg.v_head_dim,
+                          2 * cfg.intermediate_size * h, 2 * cfg.moe_intermediate_size * max(1, cfg.n_shared_experts) * h)
+        weights = dense * a + quantized + scales + params.fp32 * f32 + cfg.block_layers * kv_b * a + stacking // a \
+            + dequantized * a  # the largest projection dequantized for one prefill GEMM
     pool = pool_slots * cfg.block_layers * latent * _size(pool_dtype)
 
     longest = max(prompt_lens, default=0)

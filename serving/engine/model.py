@@ -22,6 +22,11 @@ Decisions:
   fixed shapes, and it reads every expert's weights once, which a decode batch touching
   most experts does anyway. Prefill (extend, never captured) groups rows by expert, which
   needs the expert list on the host (one sync per MoE layer).
+- Block-FP8 checkpoints: a projection may be a ``fp8.BlockFP8Weight`` (kept FP8 on CUDA) and
+  every projection runs through ``gemm.linear`` / ``gemm.expert_matmul``. ``kv_b_proj`` is
+  dequantized once here: its absorbed W_UK / W_UV and the extend path's per-head expansion
+  are dense. Fused and stacked weights stay FP8 where their parts end on block boundaries
+  (``fp8.cat_rows``).
 - Tensor parallelism (``tp``, see ``serving.engine.parallel`` and ``sharding``): a rank holds
   its heads, its share of every MLP's intermediate dim, its experts and its vocab rows of the
   head; attention and MLP outputs are partial sums, all-reduced once each per layer, and the
@@ -35,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from serving.engine import fused
+from serving.engine import fp8, fused, gemm
 from serving.engine.attention import AttentionBackend
 from serving.engine.batch import ForwardBatch
 from serving.engine.config import ModelConfig
@@ -90,14 +95,16 @@ class DeepseekV3Model:
         self.w_uv: list[torch.Tensor] = []  # [local heads, v, r] per layer
         self.experts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for i in range(cfg.block_layers):
-            kvb = weights[f"model.layers.{i}.self_attn.kv_b_proj.weight"].view(h, nope + v, cfg.kv_lora_rank)
+            name = f"model.layers.{i}.self_attn.kv_b_proj.weight"
+            weights[name] = fp8.dense(weights[name], dtype)  # once: the absorbed forms and the extend path need it dense
+            kvb = weights[name].view(h, nope + v, cfg.kv_lora_rank)
             self.w_uk.append(kvb[:, :nope].contiguous())
             self.w_uv.append(kvb[:, nope:].contiguous())
             if cfg.is_moe_layer(i):
                 m = f"model.layers.{i}.mlp.experts."
-                gate_up = torch.stack([torch.cat([weights[f"{m}{e}.gate_proj.weight"], weights[f"{m}{e}.up_proj.weight"]])
-                                       for e in self.local_experts])
-                down = torch.stack([weights[f"{m}{e}.down_proj.weight"] for e in self.local_experts])
+                gate_up = fp8.stack([fp8.cat_rows([weights[f"{m}{e}.gate_proj.weight"], weights[f"{m}{e}.up_proj.weight"]], dtype)
+                                     for e in self.local_experts], dtype)
+                down = fp8.stack([weights[f"{m}{e}.down_proj.weight"] for e in self.local_experts], dtype)
                 for e in self.local_experts:
                     for part in ("gate_proj", "up_proj", "down_proj"):
                         del weights[f"{m}{e}.{part}.weight"]
@@ -111,7 +118,7 @@ class DeepseekV3Model:
             self.mtp_embed = weights.get(m + "embed_tokens.weight", weights["model.embed_tokens.weight"])
         # Projections of the same input as one matrix (one GEMM launch instead of two, the same
         # bytes read); the named weights become views of it.
-        self.fused: dict[str, torch.Tensor] = {}
+        self.fused: dict[str, torch.Tensor | fp8.BlockFP8Weight] = {}
         for i in range(cfg.block_layers):
             a = f"model.layers.{i}.self_attn."
             if cfg.q_lora_rank is not None and not cfg.attention_bias:
@@ -122,22 +129,23 @@ class DeepseekV3Model:
 
     def _fuse(self, name: str, parts: list[str]) -> None:
         """Concatenate the weights ``parts`` (rows) into ``self.fused[name]`` and rebind each to its view."""
-        whole = torch.cat([self.w[p] for p in parts])
+        whole = fp8.cat_rows([self.w[p] for p in parts], self.dtype)
         start = 0
         for p in parts:
             rows = self.w[p].shape[0]
-            self.w[p] = whole[start : start + rows]
+            self.w[p] = whole.row_slice(start, start + rows) if isinstance(whole, fp8.BlockFP8Weight) else whole[start : start + rows]
             start += rows
         self.fused[name] = whole
 
     @staticmethod
     def from_folder(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                    tp: TensorParallel | None = None) -> "DeepseekV3Model":
-        """Load ``folder``; with ``tp``, only this rank's parts of the tensors (every rank calls it)."""
+                    tp: TensorParallel | None = None, keep_fp8: bool | None = None) -> "DeepseekV3Model":
+        """Load ``folder``; with ``tp``, only this rank's parts of the tensors (every rank calls it).
+        keep_fp8: hold block-FP8 projections as FP8 (default: on CUDA; else dequantized at load)."""
         cfg = served_config(folder, ModelConfig.from_folder(folder))
         if tp is None:
-            return DeepseekV3Model(cfg, load_weights(folder, cfg, dtype, torch.device(device)), device, dtype)
-        return DeepseekV3Model(cfg, load_sharded_weights(folder, cfg, dtype, torch.device(device), tp), device, dtype, tp)
+            return DeepseekV3Model(cfg, load_weights(folder, cfg, dtype, torch.device(device), keep_fp8), device, dtype)
+        return DeepseekV3Model(cfg, load_sharded_weights(folder, cfg, dtype, torch.device(device), tp, keep_fp8), device, dtype, tp)
 
     @property
     def num_layers(self) -> int:
@@ -164,14 +172,14 @@ class DeepseekV3Model:
     # ---- layers -------------------------------------------------------------------------
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+        return gemm.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
 
     def _attention(self, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend, rope_tables) -> torch.Tensor:
         cfg, p = self.cfg, f"model.layers.{i}.self_attn."
         n, heads, nope, rope_dim, r = x.shape[0], self.num_local_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         both = self.fused.get(p + "q_a_kv_a")
         if both is not None:  # q's down-projection and the latent row in one GEMM
-            q_latent_rows = F.linear(x, both)
+            q_latent_rows = gemm.linear(x, both)
             q_a, latent = q_latent_rows[:, : cfg.q_lora_rank], q_latent_rows[:, cfg.q_lora_rank :]
             q = self._linear(rms_norm(q_a, self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
         else:
@@ -210,7 +218,7 @@ class DeepseekV3Model:
         return mlp, x
 
     def _mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
-        gate, up = F.linear(x, self.fused[prefix + "gate_up"]).chunk(2, dim=-1)
+        gate, up = gemm.linear(x, self.fused[prefix + "gate_up"]).chunk(2, dim=-1)
         return self._linear(F.silu(gate) * up, prefix + "down_proj")
 
     def route(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,8 +250,8 @@ class DeepseekV3Model:
                 if e not in self.local_experts:
                     continue
                 token, slot = torch.where(idx == e)
-                gate, up = F.linear(x[token], gate_up[e - first]).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, down[e - first]) * weights[token, slot, None]
+                gate, up = gemm.linear(x[token], gate_up[e - first]).chunk(2, dim=-1)
+                y = gemm.linear(F.silu(gate) * up, down[e - first]) * weights[token, slot, None]
                 out.index_add_(0, token, y.to(out.dtype))
         else:
             dense = torch.zeros(x.shape[0], self.cfg.n_routed_experts, dtype=weights.dtype, device=x.device).scatter_(1, idx, weights)
@@ -252,8 +260,8 @@ class DeepseekV3Model:
             group = max(1, DENSE_EXPERT_ELEMENTS // max(1, x.shape[0] * gate_up.shape[1]))
             for e0 in range(0, gate_up.shape[0], group):
                 e1 = min(gate_up.shape[0], e0 + group)
-                gate, up = torch.matmul(x, gate_up[e0:e1].transpose(1, 2)).chunk(2, dim=-1)  # [G, N, I] each
-                y = torch.bmm(F.silu(gate) * up, down[e0:e1].transpose(1, 2))  # [G, N, hidden]
+                gate, up = gemm.expert_matmul(x, gate_up[e0:e1]).chunk(2, dim=-1)  # [G, N, I] each
+                y = gemm.expert_matmul(F.silu(gate) * up, down[e0:e1])  # [G, N, hidden]
                 out += (y.float() * dense[:, e0:e1].T[:, :, None]).sum(0)
             out = out.to(x.dtype)
         if self.cfg.n_shared_experts:
@@ -313,8 +321,8 @@ class DeepseekV3Model:
         i = cfg.mtp_layer
         p = f"model.layers.{i}."
         emb = rms_norm(self.mtp_embed.index_select(0, next_ids), self.w[p + "enorm.weight"], cfg.rms_norm_eps)
-        x = F.linear(torch.cat([emb, rms_norm(hidden, self.w[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1),
-                     self.w[p + "eh_proj.weight"])
+        x = gemm.linear(torch.cat([emb, rms_norm(hidden, self.w[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1),
+                        self.w[p + "eh_proj.weight"])
         rope_tables = self.rope.tables(batch.positions, x.dtype)
         h = rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
         mlp, x = self._block(h, x, i, batch, pool, backend, rope_tables, batch.kind == "extend")

@@ -4,7 +4,8 @@ Presets: ``tiny`` (CPU and Triton's interpreter: 48-wide latent rows, 2 layers, 
 layer), ``gpu-h16`` and ``gpu-h128`` (576-wide latent rows as in DeepSeek-V3, 16 and 128
 heads, q LoRA, yarn rope), and ``dsv3-tp8`` (one tensor-parallel rank of DeepSeek-V3 under
 TP=8: 61 layers, hidden 7168, 16 of its 128 heads, q LoRA 1536, kv LoRA 512, its MLP width
-split eight ways as a dense MLP of 2304, a 32000-token vocabulary: 11.4 GB of bf16 weights).
+split eight ways as a dense MLP of 2304, a 32000-token vocabulary: 11.4 GB of bf16 weights), and
+``dsv3-tp8-fp8``, the same rank with DeepSeek's block-FP8 projections (6.2 GB).
 
 Decisions:
 - Projections are drawn with unit gain (std 1/sqrt(fan_in)) so attention moves the residual
@@ -13,6 +14,9 @@ Decisions:
 - Models of more than ``DEVICE_DRAW_PARAMS`` parameters are drawn on their device (seeded per
   tensor), not on the CPU in float32: ``dsv3-tp8`` would need 23 GB of host memory and minutes.
   Their weights then depend on the device type as well as the seed.
+- A preset with a ``quantization_config`` draws the same tensors and quantizes each projection
+  ``quantization.quantizable`` names to block FP8 (``fp8.quantize``, DeepSeek's amax / 448
+  scales); it is kept FP8 on CUDA and dequantized on the CPU, as a checkpoint would be.
 """
 
 from __future__ import annotations
@@ -21,16 +25,20 @@ import math
 
 import torch
 
-from serving.engine import limits
+from serving.engine import fp8, limits
 from serving.engine.config import ModelConfig
 from serving.engine.model import DeepseekV3Model
 from serving.engine.parallel import TensorParallel
 from serving.engine.sharded_weights import shard_weights
-from serving.engine.weights import expected_shapes
+from serving.engine.quantization import quantizable
+from serving.engine.weights import default_keep_fp8, expected_shapes
 
 # DeepSeek-V3's rope: yarn from 4k positions, factor 40 (the GPU presets' long contexts).
 DSV3_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
                  mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1)
+
+# DeepSeek-V3's own quantization_config.
+FP8_CONFIG = dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic", weight_block_size=[128, 128])
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(
@@ -52,6 +60,12 @@ PRESETS: dict[str, dict] = {
         num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
         q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=61, max_position_embeddings=262144,
         rope_parameters=DSV3_YARN,
+    ),
+    "dsv3-tp8-fp8": dict(
+        vocab_size=32000, hidden_size=7168, intermediate_size=2304, moe_intermediate_size=2048, num_hidden_layers=61,
+        num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        q_lora_rank=1536, n_routed_experts=None, first_k_dense_replace=61, max_position_embeddings=262144,
+        rope_parameters=DSV3_YARN, quantization_config=FP8_CONFIG,
     ),
     "gpu-h128": dict(
         vocab_size=32000, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1024, num_hidden_layers=4,
@@ -96,6 +110,15 @@ def _keeps_fp32(name: str) -> bool:
     return name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
 
 
+def _as_held(name: str, w: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype, keep_fp8: bool) -> torch.Tensor | fp8.BlockFP8Weight:
+    """A float32 draw as the model holds it: block FP8 for a quantized preset's projections
+    (kept, or dequantized into ``dtype``), float32 routers, else ``dtype``."""
+    if cfg.quantization is not None and quantizable(name):
+        q = fp8.quantize(w, cfg.quantization.block)
+        return q if keep_fp8 else q.dequantize(dtype)
+    return w.to(torch.float32 if _keeps_fp32(name) else dtype)
+
+
 def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
                  tp: TensorParallel | None = None, **overrides) -> DeepseekV3Model:
     """A seeded random model of preset ``name`` (config fields may be overridden); MemoryLimitError
@@ -105,11 +128,13 @@ def random_model(name: str, device: torch.device | str = "cpu", dtype: torch.dty
     cfg = preset_config(name, **overrides)
     device = torch.device(device)
     on_device = limits.count_parameters(cfg).total > DEVICE_DRAW_PARAMS and device.type == "cuda"
-    limits.check(limits.estimate(cfg, device, dtype, random_weights=not on_device))  # before drawing or listing anything
+    keep_fp8 = cfg.quantization is not None and default_keep_fp8(device)
+    limits.check(limits.estimate(cfg, device, dtype, random_weights=not on_device, keep_fp8=keep_fp8))  # before drawing or listing anything
     if on_device:
         gen = torch.Generator(device=device).manual_seed(seed)
-        full = ((k, _draw(k, s, gen, device).to(torch.float32 if _keeps_fp32(k) else dtype)) for k, s in expected_shapes(cfg).items())
+        drawn = ((k, _draw(k, s, gen, device)) for k, s in expected_shapes(cfg).items())
     else:
-        full = ((k, v.to(device=device, dtype=torch.float32 if _keeps_fp32(k) else dtype)) for k, v in random_weights(cfg, seed).items())
+        drawn = ((k, v.to(device)) for k, v in random_weights(cfg, seed).items())
+    full = ((k, _as_held(k, v, cfg, dtype, keep_fp8)) for k, v in drawn)
     weights = dict(full) if tp is None else shard_weights(full, cfg, tp.size, tp.rank)  # one full tensor at a time
     return DeepseekV3Model(cfg, weights, device, dtype, tp)

@@ -8,6 +8,9 @@ Decisions:
   counts this rank's part (``sharding.rank_config``).
 - ``load_sharded_weights`` ends at an agreement point (``TensorParallel.agree``): a rank
   whose read failed alone (a file it cannot read, memory) ends every rank with its message.
+- Block-FP8 projections: each rank reads its slice of the weight and the matching slice of
+  its scales (``sharding.scale_shard``); the scales are read and checked first, as in
+  ``weights.load_weights``.
 - Random presets shard the same way (``shard_weights``): a rank draws the full seeded tensors
   and keeps its parts, so a TP=N model holds exactly the TP=1 model's numbers.
 """
@@ -22,14 +25,22 @@ import torch
 from serving.engine import limits
 from serving.engine.config import ModelConfig
 from serving.engine.parallel import TensorParallel
-from serving.engine.sharding import (Shard, check_shardable, expert_range, pad_rows, rank_config, shard_shape, take_shard,
-                                     tensor_shard)
-from serving.engine.weights import _FUSED, WeightError, expected_shapes, plan_load
+from serving.engine.fp8 import BlockFP8Weight
+from serving.engine.quantization import weight_of_scale
+from serving.engine.sharding import (Shard, check_shardable, expert_range, pad_rows, rank_config, scale_shard, shard_shape,
+                                     take_shard, tensor_shard)
+from serving.engine.weights import _FUSED, WeightError, as_weight, default_keep_fp8, expected_shapes, plan_load, read_scales
 
 
 def keeps_fp32(name: str) -> bool:
     """The router's weight and correction bias stay float32 (as in transformers)."""
     return name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
+
+
+def take_fp8_shard(w: BlockFP8Weight, shard: Shard) -> BlockFP8Weight:
+    """``shard``'s part of a full block-FP8 weight and of its scales (copies)."""
+    scales = scale_shard(shard, w.block)
+    return BlockFP8Weight(take_shard(w.q, shard).clone(), take_shard(w.scale_inv, scales).clone(), w.block)
 
 
 def shard_weights(weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, size: int,
@@ -41,8 +52,14 @@ def shard_weights(weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.T
     out = {}
     for name, tensor in weights.items() if isinstance(weights, dict) else weights:
         shard = tensor_shard(name, cfg, size, rank)
-        if shard is not None:
-            out[name] = tensor if shard.whole else take_shard(tensor, shard).clone()
+        if shard is None:
+            continue
+        if shard.whole:
+            out[name] = tensor
+        elif isinstance(tensor, BlockFP8Weight):
+            out[name] = take_fp8_shard(tensor, shard)
+        else:
+            out[name] = take_shard(tensor, shard).clone()
     return out
 
 
@@ -72,7 +89,7 @@ def _split_experts(stored: str, part: torch.Tensor, first: int, inter: int) -> d
 
 
 def load_shard(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, size: int,
-               rank: int) -> dict[str, torch.Tensor]:
+               rank: int, keep_fp8: bool | None = None) -> dict[str, torch.Tensor | BlockFP8Weight]:
     """Rank ``rank`` of ``size``'s parts of ``folder/*.safetensors``: name -> tensor in ``dtype``
     on ``device`` (routers float32), per-expert names for this rank's experts only.
 
@@ -82,14 +99,23 @@ def load_shard(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device:
     from safetensors import SafetensorError, safe_open
 
     check_shardable(cfg, size)
-    limits.check(limits.estimate(rank_config(cfg, size), device, dtype))
+    keep_fp8 = default_keep_fp8(device) if keep_fp8 is None else keep_fp8
+    limits.check(limits.estimate(rank_config(cfg, size), device, dtype, keep_fp8=keep_fp8))
     plan = plan_load(folder, cfg)
     experts = expert_range(cfg, size, rank)
-    out: dict[str, torch.Tensor] = {}
+
+    def read_scale(f, info):
+        shard = tensor_shard(weight_of_scale(info.name), cfg, size, rank)
+        return None if shard is None else _read(f.get_slice(info.name), scale_shard(shard, cfg.quantization.block))
+
+    scales = read_scales(plan, read_scale)
+    out: dict[str, torch.Tensor | BlockFP8Weight] = {}
     for path, infos in plan:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for info in infos:
+                    if weight_of_scale(info.name) is not None:
+                        continue  # read above
                     shard = tensor_shard(info.name, cfg, size, rank)
                     if shard is None:
                         continue  # another rank's expert
@@ -97,7 +123,7 @@ def load_shard(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device:
                     parts = _split_experts(info.name, part, experts.start, cfg.moe_intermediate_size) if _FUSED.match(info.name) \
                         else {info.name: part}
                     for name, t in parts.items():
-                        out[name] = t.to(device=device, dtype=torch.float32 if keeps_fp32(name) else dtype)
+                        out[name] = as_weight(name, t, scales, dtype, device, keep_fp8)
                     del part, parts
         except (OSError, SafetensorError) as exc:
             raise WeightError(f"Expected to read the tensors of {path}, got: {exc}") from None
@@ -105,12 +131,12 @@ def load_shard(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device:
 
 
 def load_sharded_weights(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-                         tp: TensorParallel) -> dict[str, torch.Tensor]:
+                         tp: TensorParallel, keep_fp8: bool | None = None) -> dict[str, torch.Tensor | BlockFP8Weight]:
     """``load_shard`` for ``tp``'s rank, then an agreement point: every rank returns, or every
     rank raises (``RankFailed`` naming the ranks that failed and why)."""
     weights, error = {}, None
     try:
-        weights = load_shard(folder, cfg, dtype, device, tp.size, tp.rank)
+        weights = load_shard(folder, cfg, dtype, device, tp.size, tp.rank, keep_fp8)
     except Exception as exc:  # noqa: BLE001 - reported on every rank by agree()
         error = exc
     tp.agree(error, "loading the weights")

@@ -15,6 +15,10 @@ Layout over ``size`` ranks (rank ``r`` of ``size``):
   never reads another rank's experts.
 - ``lm_head``: vocab rows ``[r * ceil(V/size), ...)``, the last rank's part zero-padded to
   ``ceil(V/size)`` rows so every rank's logits have one shape (the model gathers them).
+- block-FP8 projections shard as their dense form does, and their scales with them: a
+  weight's rows or columns ``[start, stop)`` take the scale rows or columns
+  ``[start / 128, ceil(stop / 128))`` (``scale_shard``). Every boundary must fall on a
+  128-block (``check_shardable`` says which dimension does not, with the numbers).
 - everything else is replicated: embeddings, norms, ``q_a_proj``, ``kv_a_proj_with_mqa``
   (the latent KV is shared by every head, so every rank computes and caches all of it), the
   router and its correction bias.
@@ -100,15 +104,49 @@ def expert_range(cfg: ModelConfig, size: int, rank: int) -> range:
 
 
 def check_shardable(cfg: ModelConfig, size: int) -> None:
-    """ValueError naming the first dimension that ``size`` ranks cannot split evenly."""
+    """ValueError naming the first dimension that ``size`` ranks cannot split evenly (or, for
+    block-FP8 weights, not on block boundaries)."""
     even_range(cfg.num_attention_heads, size, 0, "num_attention_heads")
-    if any(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
+    dense_layers = any(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    if dense_layers:
         even_range(cfg.intermediate_size, size, 0, "intermediate_size")
     if cfg.n_routed_experts:
         even_range(cfg.n_routed_experts, size, 0, "n_routed_experts (experts per rank)")
         if cfg.n_shared_experts:
             even_range(cfg.moe_intermediate_size * cfg.n_shared_experts, size, 0,
                        "moe_intermediate_size * n_shared_experts (the shared experts' intermediate size)")
+    if cfg.quantization is not None and size > 1:
+        check_block_aligned(cfg, size, cfg.quantization.block, dense_layers)
+
+
+def check_block_aligned(cfg: ModelConfig, size: int, block: int, dense_layers: bool) -> None:
+    """ValueError unless every rank's part of each sharded FP8 projection starts and ends on a
+    ``block`` boundary (a boundary inside a block would split one scale between two ranks)."""
+    heads = cfg.num_attention_heads // size
+    q = "q_proj" if cfg.q_lora_rank is None else "q_b_proj"
+    parts = [(f"rows of {q} (heads x qk_head_dim = {heads} x {cfg.qk_head_dim})", heads * cfg.qk_head_dim),
+             (f"rows of kv_b_proj (heads x (qk_nope_head_dim + v_head_dim) = {heads} x {cfg.qk_nope_head_dim + cfg.v_head_dim})",
+              heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)),
+             (f"columns of o_proj (heads x v_head_dim = {heads} x {cfg.v_head_dim})", heads * cfg.v_head_dim)]
+    if dense_layers:
+        parts.append((f"part of intermediate_size ({cfg.intermediate_size} / {size})", cfg.intermediate_size // size))
+    if cfg.n_routed_experts and cfg.n_shared_experts:
+        shared = shared_intermediate(cfg)
+        parts.append((f"part of the shared experts' intermediate size ({shared} / {size})", shared // size))
+    for what, per in parts:
+        if per % block:
+            raise ValueError(f"Expected each rank's {what} to be a multiple of the FP8 block size {block} under "
+                             f"tensor-parallel size {size}, got {per}: the shard boundary at {per} cuts a {block}-block "
+                             f"({per % block} of its {block} rows or columns on one rank); use a tensor-parallel size "
+                             f"that splits on block boundaries")
+
+
+def scale_shard(shard: Shard, block: int) -> Shard:
+    """The part of a weight's block-scale grid that goes with the weight's part ``shard``."""
+    if shard.dim is None:
+        return shard
+    assert shard.start % block == 0 and shard.pad_to is None and not shard.zeros, shard
+    return Shard(shard.dim, shard.start // block, -(-shard.stop // block))
 
 
 def rank_config(cfg: ModelConfig, size: int) -> ModelConfig:

@@ -21,6 +21,10 @@ Decisions:
   materialised. Every message names the file.
 - Tensors are read and converted one at a time (no second copy of the checkpoint), after the
   weights' bytes were checked against the device's free memory (``limits``).
+- Block-FP8 checkpoints (``quantization_config``, see ``quantization``): the headers' FP8
+  weights and float32 scales are checked by ``fp8_layout``; the scales are read and checked
+  (finite, > 0) before any weight. ``keep_fp8`` (default: on CUDA) keeps each FP8 projection
+  as a ``fp8.BlockFP8Weight``; otherwise it is dequantized at load into the model dtype.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ import torch
 
 from serving.engine import limits
 from serving.engine.config import ModelConfig
+from serving.engine.fp8 import BlockFP8Weight
+from serving.engine.fp8_layout import FP8Layout, check_scale_values
+from serving.engine.quantization import scale_name, weight_of_scale
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
 # Bytes per element of every safetensors dtype; only the floating ones below are served.
@@ -243,6 +250,7 @@ def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[Ten
     if not files:
         raise WeightError(f"Expected *.safetensors files in {folder}, got none")
     expected = expected_shapes(cfg) | optional_shapes(cfg)
+    layout = FP8Layout(cfg.quantization is not None, expected, WeightError)
     moe_layers = {i for i in range(cfg.block_layers) if cfg.is_moe_layer(i)}
     seen: dict[str, Path] = {}
     plan = []
@@ -252,6 +260,9 @@ def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[Ten
             layer = _LAYER.match(name)
             if layer and int(layer.group(1)) >= cfg.block_layers:
                 continue  # further multi-token-prediction layers (or all of them, without num_nextn_predict_layers)
+            if layout.entry(name, info.dtype, info.shape, path):
+                wanted.append(info)  # a block scale, checked against its weight's shape
+                continue
             fused = _FUSED.match(name)
             if fused and int(_LAYER.match(name).group(1)) in moe_layers:
                 shape = _fused_shapes(name, cfg)
@@ -265,7 +276,7 @@ def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[Ten
                 raise WeightError(f"Expected only tensors of a DeepSeek-V3 model, got unexpected tensor {name!r} in {path.name}")
             if info.shape != shape:
                 raise WeightError(f"Expected {name} of shape {shape}, got {info.shape} in {path}")
-            if info.dtype not in FLOAT_DTYPES:
+            if info.dtype not in FLOAT_DTYPES + ("F8_E4M3",):
                 raise WeightError(f"Expected tensor {name} in {path} to be floating point ({', '.join(FLOAT_DTYPES)}), got {info.dtype}")
             for n in covers:
                 if n in seen:
@@ -273,6 +284,7 @@ def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[Ten
                 seen[n] = path
             wanted.append(info)
         plan.append((path, wanted))
+    layout.finish()
     missing = [n for n in expected_shapes(cfg) if n not in seen]
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
@@ -280,27 +292,71 @@ def plan_load(folder: str | Path, cfg: ModelConfig) -> list[tuple[Path, list[Ten
     return plan
 
 
-def load_weights(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+def default_keep_fp8(device: torch.device) -> bool:
+    """Where FP8 projections stay FP8 unless asked otherwise: on CUDA (the FP8 GEMMs run there)."""
+    return torch.device(device).type == "cuda"
+
+
+def as_weight(name: str, t: torch.Tensor, scales: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+              keep_fp8: bool) -> torch.Tensor | BlockFP8Weight:
+    """One checkpoint tensor as the model holds it: an FP8 projection (its scale in ``scales``)
+    as a BlockFP8Weight on ``device`` or dequantized into ``dtype``; routers float32; the rest ``dtype``."""
+    if t.dtype == torch.float8_e4m3fn:
+        w = BlockFP8Weight(t, scales[scale_name(name)])
+        return w.to(device) if keep_fp8 else w.dequantize(dtype).to(device)
+    keep_fp32 = name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
+    return t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+
+
+def read_scales(plan: list[tuple[Path, list[TensorInfo]]], read=None) -> dict[str, torch.Tensor]:
+    """Every block scale of ``plan`` (float32, on the CPU), each checked finite and > 0.
+    read(handle, info) -> tensor: how to read one (default: whole; a rank reads its slice)."""
+    from safetensors import SafetensorError, safe_open
+
+    scales = {}
+    for path, infos in plan:
+        wanted = [i for i in infos if weight_of_scale(i.name) is not None]
+        if not wanted:
+            continue
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for info in wanted:
+                    t = f.get_tensor(info.name) if read is None else read(f, info)
+                    if t is None:
+                        continue
+                    check_scale_values(info.name, t, path, WeightError)
+                    scales[info.name] = t
+        except (OSError, SafetensorError) as exc:
+            raise WeightError(f"Expected to read the tensors of {path}, got: {exc}") from None
+    return scales
+
+
+def load_weights(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 keep_fp8: bool | None = None) -> dict[str, torch.Tensor | BlockFP8Weight]:
     """All tensors of ``folder/*.safetensors`` checked against ``expected_shapes(cfg)``.
 
-    Returns name -> tensor in ``dtype`` on ``device`` (routers stay float32, as in transformers).
-    Raises MemoryLimitError when the weights do not fit the device, WeightError for a bad
-    checkpoint; either before any tensor is read.
+    Returns name -> tensor in ``dtype`` on ``device`` (routers stay float32, as in transformers);
+    an FP8 projection as a BlockFP8Weight when ``keep_fp8`` (default ``default_keep_fp8``),
+    else dequantized. Raises MemoryLimitError when the weights do not fit the device,
+    WeightError for a bad checkpoint; either before any weight is read.
     """
     from safetensors import SafetensorError, safe_open
 
-    limits.check(limits.estimate(cfg, device, dtype))
+    keep_fp8 = default_keep_fp8(device) if keep_fp8 is None else keep_fp8
+    limits.check(limits.estimate(cfg, device, dtype, keep_fp8=keep_fp8))
     plan = plan_load(folder, cfg)
-    out: dict[str, torch.Tensor] = {}
+    scales = read_scales(plan)
+    out: dict[str, torch.Tensor | BlockFP8Weight] = {}
 
     def keep(name: str, t: torch.Tensor) -> None:
-        keep_fp32 = name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias")
-        out[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+        out[name] = as_weight(name, t, scales, dtype, device, keep_fp8)
 
     for path, infos in plan:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for info in infos:
+                    if info.name in scales:
+                        continue
                     t = f.get_tensor(info.name)
                     if _FUSED.match(info.name):
                         for n, part in _split_fused(info.name, t, cfg.moe_intermediate_size).items():

@@ -43,7 +43,7 @@ def edit_config(folder, tmp_path, **changes):
         (dict(rope_parameters=dict(rope_type="longrope", rope_theta=1e4)), r"rope_parameters.rope_type in \('default', 'yarn'\), got 'longrope'"),
         (dict(rope_parameters=None, rope_scaling=dict(type="dynamic", factor=2.0)), r"rope_scaling.rope_type in .*got 'dynamic'"),
         (dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, original_max_position_embeddings=64)), r"rope_parameters.factor"),
-        (dict(quantization_config=dict(quant_method="fp8")), r"unquantized checkpoint, got quantization_config with quant_method='fp8'"),
+        (dict(quantization_config=dict(quant_method="fp8")), r"Expected quantization_config.weight_block_size \[128, 128\].*got None"),
         (dict(scoring_func="softmax"), r"scoring_func 'sigmoid', got 'softmax'"),
         (dict(topk_method="greedy"), r"topk_method 'noaux_tc', got 'greedy'"),
         (dict(num_key_value_heads=1), r"num_key_value_heads == num_attention_heads"),
@@ -74,7 +74,7 @@ def edit_config(folder, tmp_path, **changes):
         (dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0, original_max_position_embeddings=0)),
          r"rope_parameters.original_max_position_embeddings to be a positive integer, got 0"),
         (dict(architectures="DeepseekV3ForCausalLM"), r"architectures to be a list"),
-        (dict(quantization_config="fp8"), r"quant_method='fp8'"),
+        (dict(quantization_config="fp8"), r"Expected quantization_config to be an object, got 'fp8'"),
     ],
 )
 def test_bad_configs_name_the_key(folder, tmp_path, changes, message):

@@ -100,6 +100,20 @@ def engine_worker(rank: int, size: int, port: int, folder: str, out: str) -> Non
         tp.close()
 
 
+def fp8_worker(rank: int, size: int, port: int, folder: str, out: str, keep_fp8: bool) -> None:
+    """Greedy outputs (plain and ``MTP_SPEC``) of the block-FP8 ``folder`` at TP=``size``;
+    writes ``out/rank{rank}.json``."""
+    os.environ.update(rank_env(rank, size, port))
+    torch.set_num_threads(1)
+    tp = init_from_env("cpu", check_steps=True)
+    try:
+        model = DeepseekV3Model.from_folder(folder, tp=tp, keep_fp8=keep_fp8)
+        result = {"plain": generate(model, None, tp), "mtp": generate(model, MTP_SPEC, tp)}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        tp.close()
+
+
 def _fail_mid_run(args, tp: TensorParallel) -> dict:
     """A generation whose rank 1 fails after the first collective, while rank 0 goes on."""
     tp.all_reduce(torch.ones(4))
