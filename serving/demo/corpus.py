@@ -8,8 +8,14 @@ Decisions:
   split does not depend on which other files exist, and a held-out file never enters training.
 - ``max_bytes`` bounds the training text (the files are taken in hash order, which mixes
   packages) so a run's time does not depend on how much is installed.
-- Tests and generated files are kept: they are real text too; files that are not UTF-8 are
-  decoded with replacement.
+- Files are kept or dropped by the filters code corpora use (Codex, StarCoder, The Stack;
+  ``quality``): a file whose text another file already has (vendored copies: pip's ``rich``
+  beside ``rich``), and files that are data more than code: a line over 1000 characters, a mean
+  line over 100, under a quarter alphanumeric, or more than 1% of characters outside ASCII
+  (box-drawing test expectations, translations, spinner tables). A small model learns what
+  such files repeat and prints it: the same glyph 200 times after a docstring. The filters
+  apply to held-out files too, so the prompts are code.
+- Tests are kept: they are real code; files that are not UTF-8 are decoded with replacement.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HELD_OUT_PER_MILLE = 20  # 2% of files
+MAX_LINE = 1000
+MAX_MEAN_LINE = 100
+MIN_ALNUM_SHARE = 0.25
+MAX_NON_ASCII_SHARE = 0.01
+_NOT_ALNUM = bytes(b for b in range(256) if not chr(b).isascii() or not chr(b).isalnum())
 
 
 @dataclass(frozen=True)
@@ -67,19 +78,41 @@ def source_files() -> list[SourceFile]:
     return sorted(out.values(), key=lambda f: f.key)
 
 
+def quality(text: str) -> str | None:
+    """Why ``text`` is data more than code (see Decisions), or None to keep it."""
+    if not text.strip():
+        return "empty"
+    lines = text.splitlines()
+    if max(map(len, lines)) > MAX_LINE:
+        return f"a line over {MAX_LINE} characters"
+    if len(text) / len(lines) > MAX_MEAN_LINE:
+        return f"mean line over {MAX_MEAN_LINE} characters"
+    ascii_text = text.encode("ascii", "ignore")  # C-speed counts: the corpus is 120 MB
+    if len(text) - len(ascii_text) > MAX_NON_ASCII_SHARE * len(text):
+        return f"over {MAX_NON_ASCII_SHARE:.0%} outside ASCII"
+    if len(ascii_text.translate(None, _NOT_ALNUM)) < MIN_ALNUM_SHARE * len(text):
+        return f"under {MIN_ALNUM_SHARE:.0%} alphanumeric"
+    return None
+
+
 def split(max_bytes: int, max_files: int | None = None) -> tuple[list[SourceFile], list[SourceFile]]:
-    """(training files up to ``max_bytes`` of text, held-out files), both in hash order."""
-    train, held, total = [], [], 0
+    """(training files up to ``max_bytes`` of text, held-out files), both in hash order, each
+    file passing ``quality`` and none repeating an earlier file's text."""
+    train, held, total, seen = [], [], 0, set()
     for f in source_files()[:max_files]:
-        if f.held_out:
-            held.append(f)
-            continue
-        if total >= max_bytes:
+        if not f.held_out and total >= max_bytes:
             continue
         try:
-            size = f.path.stat().st_size
+            text = f.text()
         except OSError:
             continue
-        train.append(f)
-        total += size
+        digest = hashlib.sha256(text.encode()).digest()
+        if digest in seen or quality(text) is not None:
+            continue
+        seen.add(digest)
+        if f.held_out:
+            held.append(f)
+        else:
+            train.append(f)
+            total += len(text.encode())
     return train, held
