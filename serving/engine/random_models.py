@@ -5,7 +5,8 @@ layer), ``gpu-h16`` and ``gpu-h128`` (576-wide latent rows as in DeepSeek-V3, 16
 heads, q LoRA, yarn rope), and ``dsv3-tp8`` (one tensor-parallel rank of DeepSeek-V3 under
 TP=8: 61 layers, hidden 7168, 16 of its 128 heads, q LoRA 1536, kv LoRA 512, its MLP width
 split eight ways as a dense MLP of 2304, a 32000-token vocabulary: 11.4 GB of bf16 weights), and
-``dsv3-tp8-fp8``, the same rank with DeepSeek's block-FP8 projections (6.2 GB).
+``dsv3-tp8-fp8``, the same rank with DeepSeek's block-FP8 projections (6.2 GB), and
+``tiny-fp8``, ``tiny`` so quantized (its dims are under one 128-block: every block partial).
 
 Decisions:
 - Projections are drawn with unit gain (std 1/sqrt(fan_in)) so attention moves the residual
@@ -74,6 +75,8 @@ PRESETS: dict[str, dict] = {
         rope_parameters=DSV3_YARN,
     ),
 }
+# tiny with block-FP8 projections, for the FP8 profiles' CPU runs (every scale block is partial)
+PRESETS["tiny-fp8"] = dict(PRESETS["tiny"], quantization_config=FP8_CONFIG)
 
 LOGIT_SPREAD = 4.0  # std of a random model's logits
 DEVICE_DRAW_PARAMS = 1 << 30
