@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from phases.common.samples import table_value
 from serving.engine.engine import Engine, Request
 from serving.engine.kv_pool import KVPool
 from serving.engine.model import DeepseekV3Model
@@ -19,8 +20,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def metrics_table(metrics: dict) -> str:
-    """A gate's scalar metrics as a Markdown table (a report artifact)."""
-    lines = [f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())]
+    """A gate's metrics as a Markdown table (a report artifact); samples as their median."""
+    lines = [f"| {k} | {table_value(v)} |" for k, v in sorted(metrics.items())]
     return "| metric | value |\n|---|---|\n" + "\n".join(lines) + "\n"
 
 
