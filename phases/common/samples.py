@@ -70,3 +70,8 @@ def table_value(value: object) -> str:
     if (isinstance(value, float) and math.isfinite(value)) or (isinstance(value, int) and not isinstance(value, bool)):
         return f"{value:.4g}"
     return str(value)
+
+
+def rounded(value: float | Sequence[float], digits: int = 4) -> float | list[float]:
+    """A metric (or each of its samples) rounded for a gate's log line."""
+    return [round(v, digits) for v in value] if isinstance(value, (list, tuple)) else round(value, digits)

@@ -12,11 +12,17 @@ prefilled random context) run engine steps through both backends on the same mod
   a graph of only the step's attention calls (same plan, pool and slots), replayed and timed,
   over the step's time. ``*_eager`` metrics time the kernel backend's eager steps too.
 
-Every step is timed with CUDA events (median of ``steps`` after ``warmup``). The model is
-bf16 (pool too), as served. Metrics are named by context (4096 -> ``4k``, 131072 -> ``128k``,
-185000 -> ``185k``) with ``_b8`` for the batch of 8: ``decode_speedup_128k`` (kernel over
-reference tokens/s, one request) and ``attention_share_128k`` (kernel backend, one request)
-are the ones the plan checks.
+Every step is timed with CUDA events. Decode is measured in ``samples`` rounds (7 by default): the
+three engines (reference, kernel eager, kernel with graphs) each hold their own requests, and
+every round times ``steps`` steps of each, the order alternating round by round, so a drift of
+the host or the GPU hits every side of a ratio alike. The ratios, ``decode_speedup_*`` and
+``attention_share_*``, are reported as samples (one per round: the runner judges a threshold on
+the interval of their median); tokens/s and step times are the medians over the rounds. Verify
+steps are timed once per engine (median of ``steps`` after ``warmup``). The model is bf16 (pool
+too), as served. Metrics are named by context (4096 -> ``4k``, 131072 -> ``128k``, 185000 ->
+``185k``) with ``_b8`` for the batch of 8: ``decode_speedup_128k`` (kernel over reference
+tokens/s, one request) and ``attention_share_128k`` (kernel backend, one request) are the ones
+the plan checks.
 
 Gate: ``call: phases.cudagraph.decode_speed:run`` (CUDA).
 Standalone: ``python -m phases.cudagraph.decode_speed --args '{"contexts": [4096]}'``.
@@ -32,6 +38,7 @@ import time
 import torch
 
 from phases.common.engines import DTYPES, main_with_json_args, make_engine, metrics_table, pick_device, SharedContext
+from phases.common.samples import SAMPLES, check_count, interleaved, median, ratios, rounded
 from phases.common.timing import attention_share
 from serving.engine.random_models import random_model
 from serving.engine.tree import DraftTree
@@ -87,6 +94,28 @@ def time_steps(engine, requests, warmup: int, steps: int) -> tuple[float, float]
     return statistics.median(times), statistics.median(shares)
 
 
+# (metric name, attention backend, replayed from CUDA graphs): the engines a decode round times.
+ENGINES = (("reference", "reference", False), ("kernel_eager", "kernel", False), ("kernel", "kernel", True))
+
+
+def measure_round(engine, requests, steps: int, captured: bool) -> tuple[float, float]:
+    """One round of ``steps`` timed steps: (median step seconds, attention's share of a step)."""
+    step_s, share = time_steps(engine, requests, 0, steps)
+    return step_s, attention_share(engine, step_s) if captured else share
+
+
+def timed_rounds(runs: dict, warmup: int, steps: int, samples: int) -> dict[str, list[tuple[float, float]]]:
+    """``runs``: name -> (engine, its requests, captured). Warm-up steps on every engine first,
+    then ``samples`` interleaved rounds (``phases.common.samples.interleaved``); each engine's
+    (median step seconds, attention share) per round."""
+    for engine, requests, _ in runs.values():
+        for _ in range(warmup):
+            engine.step(requests)
+    measures = {name: (lambda e=engine, r=requests, c=captured: measure_round(e, r, steps, c))
+                for name, (engine, requests, captured) in runs.items()}
+    return interleaved(measures, samples)
+
+
 def run(
     contexts: list[int] = (4096, 32768, 131072, 185000),
     batch_sizes: list[int] = (1, 8),
@@ -94,65 +123,82 @@ def run(
     tree: str = "4x4",
     warmup: int = 3,
     steps: int = 10,
+    samples: int = SAMPLES,
     dtype: str = "bf16",
     prefill_chunk: int = 8192,
     device: str | None = None,
     seed: int = 0,
 ) -> dict:
-    """Run the benchmark; returns scalar metrics (see the module docstring)."""
+    """Run the benchmark; returns its metrics, the ratios as lists of ``samples`` samples (see the
+    module docstring). ``steps``: timed steps per decode round and per verify measurement."""
+    check_count(samples)
     dev = pick_device(device)
     model = random_model(preset, dev, DTYPES[dtype], seed)
     width, depth = (int(x) for x in tree.split("x"))
     drafter = FixedTreeDrafter(width, depth, model.cfg.vocab_size, seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    metrics: dict[str, float] = {}
+    metrics: dict = {}
     series: dict[str, list] = {}
     max_batch = max(batch_sizes)
     total = len(contexts) * len(batch_sizes)
     done = 0
     for context in contexts:
         prefix = torch.randint(0, model.cfg.vocab_size, (context - 1,), generator=gen).tolist()
-        room = warmup + steps
-        slots = context + max_batch * (context + 2 * room * (1 + len(drafter.tree)) + 64) + 1024
+        # Decode rounds hold every engine's requests at once; a verify step takes a tree's slots.
+        growth = max(warmup + samples * steps, (warmup + steps) * (1 + len(drafter.tree)))
+        slots = context + len(ENGINES) * max_batch * (context + 2 * growth + 64) + 1024
         pool = model.new_pool(slots, DTYPES[dtype])
         builder = make_engine(model, pool, "reference", None, prefill_chunk=prefill_chunk)
         t0 = time.perf_counter()
         shared = SharedContext(builder, prefix)
         metrics[f"prefill_s_{label(context)}"] = time.perf_counter() - t0
         print(f"context {context}: prefill {metrics[f'prefill_s_{label(context)}']:.1f} s", file=sys.stderr, flush=True)
+
+        def start(engine, batch):
+            reqs = [shared.start(engine, [int(torch.randint(0, model.cfg.vocab_size, (1,), generator=gen))], 10**9)
+                    for _ in range(batch)]
+            for r in reqs:
+                engine.prefill(r)
+            return reqs
+
+        def engine_for(backend, graphs, batch, speculate):
+            captured = graphs and dev.type == "cuda"  # on a CPU: the same static steps, not captured
+            engine = make_engine(model, pool, backend, speculate, cuda_graphs=graphs, graph_batch_sizes=(batch,),
+                                 capture_graphs=captured, prefill_chunk=prefill_chunk, profile=not captured)
+            return engine, captured
+
         for batch in batch_sizes:
             tag = label(context) + ("" if batch == 1 else f"_b{batch}")
-            tps = {}
-            for backend, graphs in (("reference", False), ("kernel", False), ("kernel", True)):
-                name = backend + ("" if backend == "reference" or graphs else "_eager")
-                for mode in ("decode", "verify"):
-                    captured = graphs and dev.type == "cuda"  # on a CPU: the same static steps, not captured
-                    engine = make_engine(model, pool, backend, drafter if mode == "verify" else None, cuda_graphs=graphs,
-                                         graph_batch_sizes=(batch,), capture_graphs=captured, prefill_chunk=prefill_chunk,
-                                         profile=not captured)
-                    reqs = [shared.start(engine, [int(torch.randint(0, model.cfg.vocab_size, (1,), generator=gen))], 10**9)
-                            for _ in range(batch)]
-                    for r in reqs:
-                        engine.prefill(r)
-                    step_s, share = time_steps(engine, reqs, warmup, steps)
-                    if captured:
-                        share = attention_share(engine, step_s)
-                    for r in reqs:
-                        pool.release_request(r.req_id)
-                    if mode == "decode":
-                        tps[name] = batch / step_s
-                        metrics[f"decode_tps_{name}_{tag}"] = batch / step_s
-                        metrics[f"decode_step_ms_{name}_{tag}"] = step_s * 1e3
-                        metrics[f"attention_share_{tag}" if name == "kernel" else f"attention_share_{name}_{tag}"] = share
-                    else:
-                        metrics[f"verify_step_ms_{name}_{tag}"] = step_s * 1e3
-                    del engine
-            metrics[f"decode_speedup_{tag}"] = tps["kernel"] / tps["reference"]
-            metrics[f"decode_speedup_eager_{tag}"] = tps["kernel_eager"] / tps["reference"]
-            for backend in ("reference", "kernel_eager", "kernel"):
-                series.setdefault(f"{backend}, batch {batch}", []).append((context, metrics[f"decode_tps_{backend}_{tag}"]))
+            runs = {}
+            for name, backend, graphs in ENGINES:
+                engine, captured = engine_for(backend, graphs, batch, None)
+                runs[name] = (engine, start(engine, batch), captured)
+            rounds = timed_rounds(runs, warmup, steps, samples)
+            for engine, reqs, _ in runs.values():
+                for r in reqs:
+                    pool.release_request(r.req_id)
+            del runs
+            step_s = {name: [s for s, _ in rounds[name]] for name in rounds}
+            for name in rounds:
+                metrics[f"decode_tps_{name}_{tag}"] = batch / median(step_s[name])
+                metrics[f"decode_step_ms_{name}_{tag}"] = median(step_s[name]) * 1e3
+                share = f"attention_share_{tag}" if name == "kernel" else f"attention_share_{name}_{tag}"
+                metrics[share] = [sh for _, sh in rounds[name]]
+            for name, backend, graphs in ENGINES:  # verify latency, one engine at a time
+                engine, captured = engine_for(backend, graphs, batch, drafter)
+                reqs = start(engine, batch)
+                verify_s, _ = time_steps(engine, reqs, warmup, steps)
+                for r in reqs:
+                    pool.release_request(r.req_id)
+                metrics[f"verify_step_ms_{name}_{tag}"] = verify_s * 1e3
+                del engine
+            # tokens/s over tokens/s of one round is the inverse ratio of its step times
+            metrics[f"decode_speedup_{tag}"] = ratios(step_s["reference"], step_s["kernel"])
+            metrics[f"decode_speedup_eager_{tag}"] = ratios(step_s["reference"], step_s["kernel_eager"])
+            for name, _, _ in ENGINES:
+                series.setdefault(f"{name}, batch {batch}", []).append((context, metrics[f"decode_tps_{name}_{tag}"]))
             done += 1
-            print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.endswith(tag)}), file=sys.stderr, flush=True)
+            print(json.dumps({k: rounded(v) for k, v in metrics.items() if k.endswith(tag)}), file=sys.stderr, flush=True)
             if gatekit:
                 gatekit.progress(done, total)
         shared.release()

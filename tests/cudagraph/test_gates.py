@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from phases.cudagraph import decode_speed, overhead, verify
+from tests.sampled_gates import assert_samples
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
@@ -34,17 +35,41 @@ def test_replay_gate_catches_a_stale_plan(monkeypatch):
     assert m["stale_plans"] > 0 and m["unpadded_mismatches"] > 0
 
 
-def test_decode_speed_plumbing_on_cpu():
-    m = decode_speed.run(contexts=[20], batch_sizes=[1], preset="tiny", tree="1x2", warmup=0, steps=1, device="cpu")
-    for key in ("decode_speedup_0k", "attention_share_0k", "verify_step_ms_kernel_0k", "decode_tps_reference_0k",
-                "decode_tps_kernel_eager_0k"):
+def test_decode_speed_plumbing_on_cpu_reports_its_ratios_as_one_sample_per_round():
+    m = decode_speed.run(contexts=[20], batch_sizes=[1], preset="tiny", tree="1x2", warmup=0, steps=1, samples=7,
+                         device="cpu")
+    for key in ("verify_step_ms_kernel_0k", "decode_tps_reference_0k", "decode_tps_kernel_eager_0k"):
         assert m[key] > 0
     assert m["leaked_slots"] == 0
+    speedup = assert_samples(m, "decode_speedup_0k", 7)
+    assert_samples(m, "decode_speedup_eager_0k", 7)
+    assert all(share <= 1 for share in assert_samples(m, "attention_share_0k", 7))
+    # tokens/s are medians over the rounds (an odd count: some round's ratio is on either side)
+    assert min(speedup) <= m["decode_tps_kernel_0k"] / m["decode_tps_reference_0k"] <= max(speedup)
 
 
 def test_overhead_plumbing_on_cpu():
-    m = overhead.run(contexts=[24], preset="tiny", warmup=0, steps=2, device="cpu")
-    assert m["eager_step_ms_0k"] > 0 and m["replay_speedup_0k"] > 0
+    m = overhead.run(contexts=[24], preset="tiny", warmup=0, steps=2, samples=6, device="cpu")
+    assert m["eager_step_ms_0k"] > 0 and m["graph_step_ms_0k"] > 0
+    speedup = assert_samples(m, "replay_speedup_0k", 6)
+    slowdown = assert_samples(m, "replay_slowdown_0k", 6, low=-1.0)
+    assert slowdown == pytest.approx([1 / s - 1 for s in speedup])
+
+
+def test_overhead_interleaves_eager_and_replayed_rounds(monkeypatch):
+    """Each round times both engines, in alternating order, so drift lands on both sides."""
+    seen = []
+    original = decode_speed.measure_round
+
+    def recording(engine, requests, steps, captured):
+        seen.append(engine)
+        return original(engine, requests, steps, captured)
+
+    monkeypatch.setattr(decode_speed, "measure_round", recording)
+    m = overhead.run(contexts=[24], preset="tiny", warmup=0, steps=1, samples=4, device="cpu")
+    assert len(m["replay_speedup_0k"]) == 4 and len(seen) == 8
+    first, second = seen[0], seen[1]
+    assert first is not second and seen == [first, second, second, first, first, second, second, first]
 
 
 @gpu
@@ -55,3 +80,15 @@ def test_replay_gate_small_gpu_profile():
     for key in ("uncaptured_batch_sizes", "replay_mismatches", "unpadded_mismatches", "host_syncs_in_replay",
                 "padding_corrupted_rows", "mismatched_tokens", "leaked_slots"):
         assert m[key] == 0, (key, m)
+
+
+@gpu
+@needs_cuda
+def test_sampled_benchmark_gates_small_gpu_profiles():
+    m = overhead.run(contexts=[4096], steps=5, samples=6, first_request={"skip": True})
+    assert_samples(m, "replay_speedup_4k", 6)
+    assert_samples(m, "replay_slowdown_4k", 6, low=-1.0)
+    d = decode_speed.run(contexts=[4096], batch_sizes=[1], steps=3, samples=6)
+    assert_samples(d, "decode_speedup_4k", 6)
+    assert all(share <= 1 for share in assert_samples(d, "attention_share_4k", 6))
+    assert d["leaked_slots"] == 0
