@@ -12,7 +12,8 @@ from pathlib import Path
 PLAN = Path(__file__).resolve().parents[1] / "plans" / "0002-mla-verify-kernel-defrag.md"
 
 # The benchmark gates that report their thresholded metrics as samples: (phase, gate).
-SAMPLED_GATES = (("cudagraph", "overhead"), ("cudagraph", "decode-speed"), ("defrag", "speed"))
+SAMPLED_GATES = (("cudagraph", "overhead"), ("cudagraph", "decode-speed"), ("defrag", "speed"),
+                 ("speculation", "speculation"))
 
 
 def plan_gate(phase: str, gate: str):

@@ -7,6 +7,7 @@ import pytest
 
 import serving.engine.model_runner as model_runner
 from phases.speculation import benchmark, verify
+from tests.sampled_gates import assert_samples
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +25,37 @@ def _own_model(demo_folder, monkeypatch):
     monkeypatch.setenv("MLA_GATE_DEMO_MODEL", str(demo_folder))
 
 
-def test_benchmark_reports_every_mode():
-    m = benchmark.run(tiny=True, contexts=[40], batch_sizes=[1, 2], max_new_tokens=4, device="cpu")
+def test_benchmark_reports_every_mode_and_the_headline_as_samples():
+    m = benchmark.run(tiny=True, contexts=[40], batch_sizes=[1, 2], max_new_tokens=4, samples=6, device="cpu")
     for mode in benchmark.MODES:
         assert m[f"{mode}_40_b1_tok_s"] > 0
         assert m[f"{mode}_40_b2_tokens_per_step"] >= 1
     assert m["mtp_tree_ratio_b1"] == m["mtp_tree_40_b1_ratio"]
-    assert 1 <= m["mtp_tree_tokens_per_step_b1"] <= 1 + 12
+    assert_samples(m, "mtp_tree_ratio_b1", 6)
+    per_step = assert_samples(m, "mtp_tree_tokens_per_step_b1", 6)
+    assert all(1 <= p <= 1 + 12 for p in per_step)
+    assert assert_samples(m, "plain_40_b1_tokens_per_step", 6) == [1.0] * 6
+    assert isinstance(m["ngram_40_b1_ratio"], float) and isinstance(m["mtp_tree_40_b2_ratio"], float)
+
+
+def test_benchmark_rounds_alternate_the_two_engines_and_use_one_prompt_each(monkeypatch):
+    calls = []
+    original = benchmark.measure
+
+    def recording(engine, prompts, max_new_tokens, what):
+        calls.append((what, prompts))
+        return original(engine, prompts, max_new_tokens, what)
+
+    monkeypatch.setattr(benchmark, "measure", recording)
+    m = benchmark.run(tiny=True, contexts=[40], batch_sizes=[1], max_new_tokens=2, samples=3, device="cpu",
+                      modes={"plain": None, "mtp_tree": "mtp:2x2"})
+    rounds = [(what, prompts) for what, prompts in calls if "round" in what]
+    assert [what for what, _ in rounds] == ["plain at 40 x 1, round 0", "mtp_tree at 40 x 1, round 0",
+                                            "mtp_tree at 40 x 1, round 1", "plain at 40 x 1, round 1",
+                                            "plain at 40 x 1, round 2", "mtp_tree at 40 x 1, round 2"]
+    assert all(rounds[i][1] == rounds[i + 1][1] for i in range(0, 6, 2))  # both engines, one prompt a round
+    assert len({tuple(p[0]) for _, p in rounds}) == 3  # a held-out prompt of its own per round
+    assert len(m["mtp_tree_ratio_b1"]) == 3 and len(calls) == 6
 
 
 def test_greedy_trained_passes_and_catches_a_wrong_acceptance(monkeypatch):
