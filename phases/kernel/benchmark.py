@@ -59,7 +59,7 @@ import torch
 from runner import gatekit
 
 from kernel.reference import mla_verify_reference
-from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs, max_request_rel_err
 from phases.kernel.bench.fit import fit_fixed_cost, fit_table
 from phases.common.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 from phases.kernel.bench.shapes import (
@@ -73,15 +73,14 @@ from phases.kernel.bench.shapes import (
     QUICK_CONTEXTS,
     TREE_COMPARISON_SHAPE,
     V_HEAD_DIM,
+    bound_class,
+    context_label,
     decode_batch_shapes,
 )
 from phases.common.kernel_timing import bench_us, graph_replay, planned_run
-from phases.kernel.verify import max_request_rel_err
 
 ORACLE_MIN_CONTEXT = 16384
 ORACLE_MAX_BYTES = 20 << 30
-MEMORY_BOUND_MAX_ROWS = 64
-COMPUTE_BOUND_MIN_ROWS = 256
 DEFAULT_LAYERS = 8  # layers of the captured step each row is timed in
 L2_BYTES = 50 << 20  # the H200's L2; one row's layer pools hold at least twice this in total
 POOL_FACTOR = 1.25  # pool slots per row read (randperm slots scattered over the pool)
@@ -524,20 +523,6 @@ def summarize(rows: list[BenchRow], ceilings: Ceilings) -> dict:
         if r.isolated_us is not None:
             metrics[f"isolated_us_{r.name}"] = r.isolated_us
     return metrics
-
-
-def bound_class(packed_rows: int) -> str:
-    """``memory`` for H*T <= 64, ``compute`` for H*T >= 256, ``mid`` in between."""
-    if packed_rows <= MEMORY_BOUND_MAX_ROWS:
-        return "memory"
-    if packed_rows >= COMPUTE_BOUND_MIN_ROWS:
-        return "compute"
-    return "mid"
-
-
-def context_label(context: int) -> str:
-    """``65536 -> "64k"``; contexts that are not a multiple of 1024 keep their digits."""
-    return f"{context // 1024}k" if context % 1024 == 0 else str(context)
 
 
 def oracle_bytes(case: Case) -> int:

@@ -1,6 +1,7 @@
 """The kernel phase's bench: what the gates and the tuning sweeps share.
 
-- ``shapes``: the benchmark's (H, T) shapes and contexts, the ragged batch and the batched decode rows.
+- ``shapes``: the benchmark's (H, T) shapes and contexts, the ragged batch, the batched decode rows,
+  and the class of a row (``bound_class``).
 - ``cases``: seeded ``Case`` descriptions and ``build_inputs`` (the exact keyword arguments of
   ``kernel.mla_verify_attention``), plus the verify profiles.
 - the roofline (same-run ceilings, bytes / FLOPs of one call) and the timing harness
