@@ -1,5 +1,5 @@
-"""What the benchmark times: (H, T) shapes, contexts, the ragged batch and the batched decode rows,
-and the class of a row by its packed rows (``bound_class``)."""
+"""What the benchmark times: (H, T) shapes, contexts, the ragged batch, the batched decode rows and
+the rows it also times FlashMLA and FlashInfer on; the class of a row by its packed rows (``bound_class``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ BATCH8_CONTEXTS = (1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072)  # ragge
 DECODE_BATCHES = (16, 64)
 DECODE_HEADS = (16, 128)
 DECODE_CONTEXTS = (4096, 16384)
+
+# The peer comparison (phases.kernel.bench.peers): B=1 rows of these (H, T) at these contexts, every
+# decode row and the ragged batch; 17 rows, each also a row of the sweep, the decode rows or the batch.
+PEER_B1_SHAPES = ((16, 1), (128, 1), (16, 8), (128, 8))  # (H, T): memory, mid, mid, compute
+PEER_B1_CONTEXTS = (16384, 65536)
 
 COMPARISON_CONTEXT = 65536
 TREE_COMPARISON_SHAPE = (16, 8)
