@@ -644,7 +644,7 @@ def test_plan_validates_against_the_runner_schema():
     kernel_phase = document.plan.phase("kernel")
     assert kernel_phase.headline_metrics() == [
         "min_peer_ratio_memory", "min_peer_ratio_mid", "min_peer_ratio_compute", "min_peer_ratio_decode",
-        "min_peer_ratio_ragged", "min_speedup_64k",
+        "min_peer_ratio_ragged", "min_frac_memory_64k", "min_frac_mid_64k", "min_frac_compute_64k", "min_speedup_64k",
     ]
     assert kernel_phase.gate("interpret").env == {"TRITON_INTERPRET": "1"}
     assert kernel_phase.gate("interpret").requires == []
