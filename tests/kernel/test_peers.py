@@ -17,7 +17,9 @@ from kernel.reference import mla_verify_reference
 from phases.common.roofline import Ceilings
 from phases.kernel.bench import peers
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case
-from phases.kernel.bench.shapes import BATCH8_CONTEXTS, BENCH_SHAPES, DEFAULT_CONTEXTS, context_label, decode_batch_shapes
+from phases.kernel.bench.shapes import (
+    BATCH8_CONTEXTS, BENCH_SHAPES, DEFAULT_CONTEXTS, context_label, decode_batch_shapes,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CEILINGS = Ceilings(4e12, 700e12)
@@ -68,14 +70,22 @@ def _small_shape(klass: str = "mid") -> tuple[peers.PeerShape, peers.PagedInputs
 
 
 def _right(inp):
-    out = _oracle(inp).to(torch.bfloat16)
-    return lambda: peers._Call(lambda: None, lambda: out)
+    """A maker of a call that writes the right output into its own ``out``."""
+    right = _oracle(inp).to(torch.bfloat16)
+
+    def make():
+        out = torch.full_like(right, float("nan"))
+        return peers._Call(lambda: out.copy_(right), lambda: out)
+    return make
 
 
 def _fixed_rounds(times: dict[str, list[float]]):
+    """A time_fn that replays each call once and reports ``times`` as the rounds' medians."""
     seen = {}
 
     def time_fn(replays, flush, repetitions, per_repetition):
+        for replay in replays.values():
+            replay()
         seen.update(kernels=sorted(replays), repetitions=repetitions, per_repetition=per_repetition)
         return {k: times[k][:repetitions] for k in replays}
     return time_fn, seen
@@ -111,19 +121,15 @@ def test_a_wrong_or_raising_peer_is_named_and_not_timed():
     assert set(row.rounds_us) == {"project"} and row.best_peer is None and row.ratios == []
 
 
-def test_a_project_wrong_after_its_replays_gives_the_row_no_ratio():
-    """Right eagerly, NaN after the timed replays: the project's rounds are dropped, so no ratio."""
+def test_a_project_whose_replays_do_not_write_gives_the_row_no_ratio():
+    """Right eagerly, but its captured call writes nothing: the output is still the poison after the
+    timed replays, so the project's rounds are dropped and the row has no ratio."""
     shape, inp = _small_shape()
-    out = _oracle(inp).to(torch.bfloat16)
     time_fn, _ = _fixed_rounds({"project": [10.0], "flashmla": [12.0], "flashinfer": [11.0]})
-
-    def replays_write_nan(replays, flush, repetitions, per_repetition):
-        out.fill_(float("nan"))
-        return time_fn(replays, flush, repetitions, per_repetition)
-
-    makers = {"project": lambda: peers._Call(lambda: None, lambda: out), "flashmla": _right(inp),
-              "flashinfer": _right(inp)}
-    row = peers.measure_row(shape, inp, makers, CEILINGS, capture=lambda fn: fn, time_fn=replays_write_nan,
+    project = _right(inp)()
+    makers = {"project": lambda: project, "flashmla": _right(inp), "flashinfer": _right(inp)}
+    captured_writes_nothing = lambda fn: (lambda: None) if fn is project.call else fn  # noqa: E731
+    row = peers.measure_row(shape, inp, makers, CEILINGS, capture=captured_writes_nothing, time_fn=time_fn,
                             flush=lambda: None, repetitions=1, replays=1)
     assert row.ratios == [] and set(row.rounds_us) == {"flashmla", "flashinfer"}
     assert "after its replays" in row.errors["project"] and row.rel_err["project"] == float("inf")

@@ -18,13 +18,14 @@ so all three move the same bytes. Request ``b`` has ``T_b`` queries and ``L_b`` 
 ``j <= L_b - T_b + t``. ``sm_scale = 1/sqrt(192)``.
 
 Method: every kernel's call is checked against the fp32 oracle (eagerly, into a NaN-poisoned
-output), then captured in a CUDA graph. ``repetitions`` rounds follow; in each, every graph is
-replayed ``replays`` times, the three interleaved (the order rotating replay by replay), each
-replay after a 256 MB zeroing L2 flush and timed with CUDA events; a round gives each kernel its
-median. The replayed outputs are checked again after the timing. A kernel whose output is off
-(relative error above ``MAX_REL_ERR`` per request) or that raises gets no time, and is named.
+output, FlashMLA's its own new one), then captured in a CUDA graph. The outputs are poisoned
+again, and ``repetitions`` rounds follow; in each, every graph is replayed ``replays`` times, the
+three interleaved (the order rotating replay by replay), each replay after a 256 MB zeroing L2
+flush and timed with CUDA events; a round gives each kernel its median. What the replays left is
+checked against the oracle again. A kernel whose output is off (relative error above
+``MAX_REL_ERR`` per request) or that raises gets no time, and is named.
 
-Ratios: the best peer of a row is the peer with the lower median over all its replays; the row's
+Ratios: the best peer of a row is the peer whose round medians have the lower median; the row's
 ratio samples are, round by round, the best peer's median over the project's (above 1: the
 project is faster). ``min_peer_ratio_<class>`` is the samples of the class's row whose median
 ratio is lowest, so the runner judges it on the confidence interval of that median.
@@ -217,7 +218,8 @@ def load_peers(device: torch.device) -> Peers:
     flash_mla = importlib.import_module("flash_mla")
     flashinfer = importlib.import_module("flashinfer")
     importlib.import_module("flashinfer.mla")
-    versions = {"flash_mla": getattr(flash_mla, "__version__", "?"), "flashinfer": getattr(flashinfer, "__version__", "?")}
+    versions = {name: getattr(module, "__version__", "?") for name, module in
+                (("flash_mla", flash_mla), ("flashinfer", flashinfer))}
     workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return Peers(flash_mla, flashinfer, workspace, versions)
 
@@ -245,7 +247,7 @@ class _Call:
 
 def project_call(inp: PagedInputs) -> _Call:
     """The project's planned call into its own ``out`` (planned here, outside any timing)."""
-    out = torch.empty(inp.q.shape[0], inp.q.shape[1], V_HEAD_DIM, dtype=inp.q.dtype, device=inp.q.device)
+    out = torch.full((inp.q.shape[0], inp.q.shape[1], V_HEAD_DIM), float("nan"), dtype=inp.q.dtype, device=inp.q.device)
     run = planned_run(inp.project_inputs(), out, graph=False)
     return _Call(run, lambda: out, note=getattr(run.wrapper, "path", None) or "")
 
@@ -273,7 +275,7 @@ def flashinfer_call(flashinfer, workspace: torch.Tensor, inp: PagedInputs) -> _C
     from flashinfer.mla import MLAPlanMetadata
 
     heads = inp.q.shape[1]
-    out = torch.empty(inp.q.shape[0], heads, V_HEAD_DIM, dtype=inp.q.dtype, device=inp.q.device)
+    out = torch.full((inp.q.shape[0], heads, V_HEAD_DIM), float("nan"), dtype=inp.q.dtype, device=inp.q.device)
     wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="fa3")
     metadata = MLAPlanMetadata.csr(inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.seqlens)
     wrapper.plan(metadata=metadata, num_heads=heads, head_dim_ckv=V_HEAD_DIM, head_dim_kpe=HEAD_DIM - V_HEAD_DIM,
@@ -422,8 +424,10 @@ def measure_row(
         except Exception as exc:  # noqa: BLE001 - a kernel that refuses a shape is a row with the reason
             row.errors.setdefault(kernel, f"{type(exc).__name__}: {str(exc)[:300]}")
     if graphs:
+        for made in calls.values():  # what the replays leave is what gets checked after them
+            made.output().fill_(float("nan"))
         rounds = time_fn(graphs, flush, repetitions, replays)
-        for kernel, made in calls.items():  # the replayed outputs must still be right
+        for kernel, made in calls.items():  # the replayed outputs must be right
             if _check(row, kernel, made, oracle, inp, replayed=True):
                 row.rounds_us[kernel] = [round(t, 3) for t in rounds[kernel]]
     _ratios(row)
@@ -495,16 +499,17 @@ def peers_table(rows: Sequence[PeerRow], versions: dict[str, str]) -> str:
         "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|---|",
     ]
     for r in rows:
-        context = str(r.context_lens[0]) if len(set(r.context_lens)) == 1 else f"{min(r.context_lens)}..{max(r.context_lens)}"
+        lengths = r.context_lens
+        context = str(lengths[0]) if len(set(lengths)) == 1 else f"{min(lengths)}..{max(lengths)}"
         us = {k: r.median_us(k) for k in KERNELS}
         frac = {k: None if us[k] is None else r.roofline_us / us[k] for k in KERNELS}
         ratio = "n/a" if r.ratio is None else f"{r.ratio:.3f} [{min(r.ratios):.3f}, {max(r.ratios):.3f}]"
         errs = " / ".join(_cell(r.rel_err.get(k), ".1e") for k in KERNELS)
         notes = "; ".join(f"{k}: {e}" for k, e in r.errors.items()).replace("|", "/")
         lines.append(
-            f"| {r.name} | {r.klass} | {r.batch_size} | {r.num_draft} | {r.num_heads} | {context} | {r.roofline_us:.1f} "
-            f"| {_cell(us['project'])} | {_cell(us['flashmla'])} | {_cell(us['flashinfer'])} | {r.best_peer or 'n/a'} "
-            f"| {ratio} | {_cell(frac['project'], '.3f')} | {_cell(frac['flashmla'], '.3f')} "
+            f"| {r.name} | {r.klass} | {r.batch_size} | {r.num_draft} | {r.num_heads} | {context} "
+            f"| {r.roofline_us:.1f} | {_cell(us['project'])} | {_cell(us['flashmla'])} | {_cell(us['flashinfer'])} "
+            f"| {r.best_peer or 'n/a'} | {ratio} | {_cell(frac['project'], '.3f')} | {_cell(frac['flashmla'], '.3f')} "
             f"| {_cell(frac['flashinfer'], '.3f')} | {errs} | {r.project_path or 'n/a'} | {notes} |"
         )
     return "\n".join(lines) + "\n"
