@@ -25,7 +25,7 @@ from ruamel.yaml.scalarbool import ScalarBoolean
 
 from runner.errors import PlanError, UsageError
 from runner.formatting import one_line
-from runner.plan.schema import ID_PATTERN, ID_RULE, Plan
+from runner.plan.schema import ID_PATTERN, ID_RULE, Phase, Plan
 
 PlanFormat = Literal["markdown", "yaml"]
 
@@ -159,6 +159,40 @@ def _parse_plan(text: str, *, path: Path, format: PlanFormat) -> PlanDocument:
         yaml_data=data,
         yaml_node=node,
     )
+
+
+def parse_phase_lines(yaml_text: str, *, path: Path) -> Phase | None:
+    """The one phase that ``yaml_text`` holds when read on its own (a phase's lines cut out of
+    a plan: ``  - id: ...`` and the lines below it), read and validated as ``load_plan`` reads
+    a phase; ``None`` when the text is not exactly one valid phase, or when it defines an
+    anchor (which other lines of the plan could use: read alone it cannot tell)."""
+    try:
+        data, node = _load_yaml(yaml_text, path=path, line_offset=0)
+        if node is None or _has_anchor(node):
+            return None
+        if isinstance(data, list) and len(data) == 1:
+            data = data[0]
+        if not isinstance(data, dict):
+            return None
+        return Phase.model_validate(_to_plain(data, path=path))
+    except Exception:  # noqa: BLE001 - any text not read as one phase is answered None
+        return None
+
+
+def _has_anchor(node: Any) -> bool:
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            return True  # reached twice: an alias
+        seen.add(id(current))
+        if getattr(current, "anchor", None) is not None:
+            return True
+        value = getattr(current, "value", None)
+        if isinstance(value, list):
+            for item in value:
+                pending.extend(item if isinstance(item, tuple) else (item,))
+    return False
 
 
 def _split_front_matter(text: str, path: Path) -> tuple[int, int, int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
@@ -22,7 +22,7 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode
 from runner.atomic import write_atomic
 from runner.errors import PlanError
 from runner.formatting import format_metric, table_cell
-from runner.plan.load import PlanDocument, parse_plan
+from runner.plan.load import STATUS_BEGIN, STATUS_END, PlanDocument, parse_phase_lines, parse_plan
 from runner.plan.schema import Checkpoint, Phase, PhaseStatus, Plan
 
 
@@ -69,23 +69,59 @@ def render_updates(doc: PlanDocument, updates: dict[str, PhaseUpdate]) -> str:
 
 
 def _render(doc: PlanDocument, updates: dict[str, PhaseUpdate], nodes: dict[str, MappingNode], *,
-            verify: bool) -> str:
+            verify: bool, alone: str | None = None) -> str:
     """``render_updates`` with the phases' YAML nodes already composed; ``verify``: re-parse
-    the result (every text that is written is verified)."""
+    the result (every text that is written is verified), only the lines of phase ``alone``
+    (the one phase updated) where they read alone as in the plan (``_verified_alone``)."""
     _check_updates(doc.plan, updates)
     expected = _updated_plan(doc.plan, updates)
-    if _plain(expected) == _plain(doc.plan):
-        return doc.text
+    if all(_plain(expected.phase(phase_id)) == _plain(doc.plan.phase(phase_id)) for phase_id in updates):
+        return doc.text  # no other phase is touched (_updated_plan)
     edits = _phase_edits(doc, expected, nodes)
+    table = None
+    changes = list(edits)
     if doc.status_section is not None:
         start, end = doc.status_section
         newline = _newline_at(doc.text, start)
         table = render_status_section(expected).replace("\n", newline)
-        edits.append(_Edit(start, end, 0, newline + table))
-    new_text = _apply(doc.text, edits)
-    if verify:
+        changes.append(_Edit(start, end, 0, newline + table))
+    new_text = _apply(doc.text, changes)
+    if verify and not (alone is not None and list(updates) == [alone] and _verified_alone(
+            doc, nodes[alone], edits, table, doc.plan.phase(alone), expected.phase(alone))):
         _verify(doc, new_text, expected)
     return new_text
+
+
+_ITEM_PREFIX = re.compile(r" *(?:- +)?")
+_DIRECTIVE = re.compile(r"^%", re.MULTILINE)
+
+
+def _verified_alone(doc: PlanDocument, node: MappingNode, edits: list[_Edit], table: str | None,
+                    old: Phase, new: Phase) -> bool:
+    """Whether the ``edits`` of one phase (whose mapping is ``node``) give ``new``, read from
+    the phase's own lines alone: true only when those lines, read alone, also give ``old`` (the
+    lines around them are left as they were, and so is every other phase), nothing in them
+    could be used elsewhere (an anchor) or read otherwise there (a YAML directive), and the
+    status table adds no marker. False means: re-parse the whole text."""
+    if doc.format == "yaml" and _DIRECTIVE.search(doc.front_matter):
+        return False
+    if table is not None and (STATUS_BEGIN in table or STATUS_END in table):
+        return False
+    text, base = doc.text, doc.front_matter_start
+    first = base + node.start_mark.index
+    start = max(text.rfind("\n", 0, first) + 1, base)
+    if not _ITEM_PREFIX.fullmatch(text, start, first):
+        return False
+    end = _span_end(text, base + _content_end(node, after=node))
+    if not edits or any(edit.start < start or edit.end > end for edit in edits):
+        return False
+    old_lines = text[start:end]
+    new_lines = _apply(old_lines, [replace(edit, start=edit.start - start, end=edit.end - start) for edit in edits])
+    for lines, phase in ((old_lines, old), (new_lines, new)):
+        read = parse_phase_lines(lines, path=doc.path)
+        if read is None or _plain(read) != _plain(phase):
+            return False
+    return True
 
 
 _SAMPLE_CHECKPOINT = Checkpoint(
@@ -103,13 +139,14 @@ def check_rewritable(doc: PlanDocument, phase_id: str) -> None:
     The front matter is composed once for all of them, and only the update that edits the
     most (``complete`` with a checkpoint) is re-parsed: ``failed`` and ``blocked`` edit the
     same status scalar to another plain word and leave the checkpoint alone. On a plan of
-    thousands of gates each YAML pass takes seconds; this check once took six of them. A text
-    that is written is always verified in full (``render_updates``).
+    thousands of gates each YAML pass takes seconds; this check once took six of them, and
+    now re-reads only the phase's own lines where they read alone as in the plan (see the
+    module's decisions). A text that is written is always verified in full (``render_updates``).
     """
     nodes = _phase_nodes(doc)
     for update in (PhaseUpdate("failed"), PhaseUpdate("blocked")):
         _render(doc, {phase_id: update}, nodes, verify=False)
-    _render(doc, {phase_id: PhaseUpdate("complete", _SAMPLE_CHECKPOINT)}, nodes, verify=True)
+    _render(doc, {phase_id: PhaseUpdate("complete", _SAMPLE_CHECKPOINT)}, nodes, verify=True, alone=phase_id)
 
 
 def render_status_section(plan: Plan) -> str:

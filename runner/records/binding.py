@@ -15,7 +15,10 @@ Decisions:
   ``targets`` and ``tolerance`` are left out: they never change a verdict, and editing them must
   not make results measured on a GPU host unusable.
 - Thresholds are also re-checked against the recorded metrics here, and the recorded target
-  checks are replaced by the plan's: the runner trusts its own reading of the numbers only.
+  checks, and a passing gate's threshold checks, are replaced by the plan's: the runner trusts
+  its own reading of the numbers only, so a check the plan does not have never reaches a
+  checkpointed run's report. (A gate that did not pass keeps the checks it recorded: they say
+  how it failed, and only a report that records no checkpoint shows them.)
 """
 
 from __future__ import annotations
@@ -114,13 +117,19 @@ def load_matching_results(
     if problems:
         doing = "record evidence for" if evidence else "checkpoint"
         raise ResultsError(f"{where} refusing to {doing} {phase.id}: " + "; ".join(problems))
-    gates = [
-        gate.model_copy(update={"targets": check_thresholds(phase.gate(gate.name).targets, gate.metrics,
-                                                            phase.gate(gate.name).confidence)})
-        for gate in phase_results.gates
-    ]
+    gates = [_judged_here(gate, phase) for gate in phase_results.gates]
     phases = [p.model_copy(update={"gates": gates}) if p.phase == phase.id else p for p in results.phases]
     return results.model_copy(update={"phases": phases})
+
+
+def _judged_here(gate: GateResult, phase: Phase) -> GateResult:
+    """``gate`` with its targets, and for a PASS its threshold checks, as the plan's gate
+    judges its recorded metrics (what a local run would have recorded)."""
+    planned = phase.gate(gate.name)
+    update = {"targets": check_thresholds(planned.targets, gate.metrics, planned.confidence)}
+    if gate.outcome == "PASS":
+        update["checks"] = check_thresholds(planned.expect, gate.metrics, planned.confidence)
+    return gate.model_copy(update=update)
 
 
 def identity_problems(results: ResultsFile) -> list[str]:

@@ -13,6 +13,10 @@ Decisions:
   ``g-x.log`` (``g-x``'s log) and ``g-a-notes.md`` (``g-a``'s ``notes.md``). A log ends in
   ``.log`` and sits beside ``artifacts/``; the run's own files (``results.json``,
   ``report.md``, ``run.json``) end otherwise, so no gate id can reach them either.
+- An artifact's file is named exactly as the gate named it (a name of letters, digits and
+  ``._-`` that starts with a letter or digit, ``ARTIFACT_NAME_PATTERN``), and the gate's folder
+  by the gate's id (``safe_name(id) == id``): cutting a last ``.`` or ``-`` off, as
+  ``safe_name`` does, once gave ``notes.md``, ``notes.md.`` and ``notes.md-`` one file.
 - Runs written before keep their ``<gate>-<name>`` files: ``results.json`` names each
   artifact's file (``artifact_files``), and readers follow that name.
 """
@@ -25,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runner.formatting import MARKDOWN_FILTERS, one_line, table_cell
-from runner.gates.protocol import MAX_ARTIFACT_BYTES
+from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES
 from runner.plan.samples import DEFAULT_CONFIDENCE, metric_text
 from runner.plan.schema import Phase, Plan
 from runner.records.checks import check_thresholds
@@ -37,6 +41,7 @@ REPORTS_DIR = "reports"
 """Where runs are kept, relative to the root: ``reports/<plan>/<phase>/<run-id>/``."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
 
 
 def safe_name(text: str) -> str:
@@ -107,8 +112,11 @@ ARTIFACTS_DIR = "artifacts"
 
 
 def artifact_file_name(gate: str, name: str) -> str:
-    """Where the run folder keeps artifact ``name`` of ``gate``, relative to it (POSIX)."""
-    return f"{ARTIFACTS_DIR}/{safe_name(gate)}/{safe_name(name)}"
+    """Where the run folder keeps artifact ``name`` of ``gate``, relative to it (POSIX): the
+    name itself, which the gate's side and an import both keep to ``ARTIFACT_NAME_PATTERN``
+    (``safe_name`` only for what could not come from either)."""
+    kept = name if _ARTIFACT_NAME.fullmatch(name) else safe_name(name)
+    return f"{ARTIFACTS_DIR}/{safe_name(gate)}/{kept}"
 
 
 def write_report(run_dir: Path, results: ResultsFile, context: ReportContext) -> Path:

@@ -72,3 +72,27 @@ def test_an_imported_run_keeps_every_artifact(tmp_path, runner_env):
 def test_a_stored_artifact_file_outside_its_place_is_refused(file_name):
     record = result_gate("g").model_copy(update={"artifact_files": {"x.log": file_name}})
     assert any("artifact file" in problem for problem in _artifact_problems(record))
+
+
+@pytest.mark.parametrize("imported", [False, True])
+def test_artifact_names_that_differ_only_at_their_end_keep_their_own_files(tmp_path, runner_env, imported):
+    """``notes.md``, ``notes.md.`` and ``notes.md-`` are three files on the gate's side: once
+    cut to one name (``safe_name`` drops a last ``.`` or ``-``) the last written hid the others."""
+    run = "; ".join(f'printf "artifact {name}" > "$RUNNER_ARTIFACTS/{name}"'
+                    for name in ("notes.md", "notes.md.", "notes.md-"))
+    phases = [{"id": "alpha", "title": "First", "status": "pending", "paths": ["src/"],
+               "gates": [gate("g", "verify", run)]}]
+    repo = make_repo(tmp_path / "repo", phases)
+    given = []
+    if imported:
+        host = copy_without_git(repo.root, tmp_path / "host")
+        made = cli(runner_env, host, "gate", "alpha", "--out", str(tmp_path / "results.json"))
+        assert made.exit_code == 0, made.text
+        given = ["--results", str(tmp_path / "results.json")]
+    result = cli(runner_env, repo.root, "advance", *given)
+    assert result.exit_code == 0, result.text
+    run_dir, files = run_files(repo)
+    stored = json.loads((run_dir / "results.json").read_text())["phases"][0]["gates"][0]["artifact_files"]
+    assert len(set(stored.values())) == 3, stored
+    for name, file_name in stored.items():
+        assert files[file_name] == f"artifact {name}"

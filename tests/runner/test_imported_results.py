@@ -5,6 +5,7 @@ What a hand-written file holds can neither forge a commit trailer nor reach a te
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -138,3 +139,51 @@ def test_views_skip_a_hand_written_run_and_print_no_escape(tmp_path, runner_env,
     assert "20261201T000000Z-aaaaaaaa" in cli(runner_env, repo.root, "history").stdout  # named as skipped
     diff = cli(runner_env, repo.root, "diff", "20261201T000000Z-aaaaaaaa", "demo/alpha")
     assert diff.exit_code == 2 and "\x1b" not in diff.text
+
+
+FORGED_CHECK = {"metric": "extra|row\nx", "threshold": "<= 1 |\n| y", "value": 1, "ok": True, "reason": "a|b\nc"}
+
+
+def _tables(text: str) -> list[list[str]]:
+    lines = text.splitlines()
+    tables: list[list[str]] = []
+    for index, line in enumerate(lines):
+        if line.startswith("|"):
+            if index == 0 or not lines[index - 1].startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+    return tables
+
+
+def _whole(table: list[str]) -> bool:
+    cells = {len(re.findall(r"(?<!\\)\|", row)) for row in table}
+    return len(cells) == 1
+
+
+def test_a_passing_gates_checks_are_the_runners_own_reading_of_its_metrics(gpu_results, runner_env):
+    """Like its targets, a PASS gate's checks are judged here: a check the plan does not have
+    never reaches the checkpointed run's report or results."""
+    repo, results = gpu_results
+    edit_results(results, lambda phase: phase["gates"][1]["checks"].append(dict(FORGED_CHECK)))
+    result = cli(runner_env, repo.root, "advance", "--results", str(results))
+    assert result.exit_code == 0, result.text
+    report = repo.root / load_plan(repo.plan).plan.phase("alpha").checkpoint.report
+    stored = json.loads((report.parent / "results.json").read_text())["phases"][0]["gates"][1]["checks"]
+    assert [check["metric"] for check in stored] == ["speedup", "errors"]
+    assert "extra" not in report.read_text()
+
+
+def test_a_failed_gates_recorded_checks_keep_the_reports_tables_whole(gpu_results, runner_env):
+    repo, results = gpu_results
+
+    def fail(phase):
+        phase["gates"][1].update(outcome="FAIL", reason="exit code 1", exit_code=1)
+        phase["gates"][1]["checks"].append(dict(FORGED_CHECK, ok=False))
+        phase.pop("outcome", None)
+    edit_results(results, fail)
+    result = cli(runner_env, repo.root, "advance", "--results", str(results))
+    assert result.exit_code == 1, result.text
+    [report] = (repo.root / "reports").rglob("report.md")
+    tables = _tables(report.read_text())
+    assert tables and all(_whole(table) for table in tables), tables
+    assert "`<= 1 \\| \\| y`" in report.read_text()

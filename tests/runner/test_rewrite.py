@@ -9,6 +9,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +18,15 @@ from ruamel.yaml import YAML
 
 from runner.errors import PlanError
 from runner.plan.load import STATUS_BEGIN, STATUS_END, load_plan, parse_plan
-from runner.plan.rewrite import KEEP, PhaseUpdate, render_status_section, render_updates, write_plan_text
+from runner.plan import rewrite
+from runner.plan.rewrite import (
+    KEEP,
+    PhaseUpdate,
+    check_rewritable,
+    render_status_section,
+    render_updates,
+    write_plan_text,
+)
 from runner.plan.schema import PHASE_STATUSES, Checkpoint, Plan
 
 from .plan_samples import MARKDOWN_PLAN, YAML_PLAN, write_plan
@@ -190,6 +199,30 @@ def test_a_rewrite_that_would_change_the_plan_is_refused(tmp_path: Path) -> None
     assert doc.plan.phase("other").status == "pending"
     with pytest.raises(PlanError, match="refusing to rewrite"):
         render_updates(doc, {"only": PhaseUpdate("complete")})
+
+
+def test_check_rewritable_refuses_a_phase_whose_lines_other_lines_use(tmp_path: Path) -> None:
+    """The check before the gates re-reads only the phase's lines, but not when another phase
+    merges them (``<<: *p``): then it re-parses the whole plan and refuses as a write would."""
+    text = YAML_PLAN.replace("  - id: only\n", "  - &p\n    id: only\n    status: pending\n") + "  - <<: *p\n    id: other\n"
+    doc = _doc(tmp_path, text, "plan.yaml")
+    with pytest.raises(PlanError, match="refusing to rewrite"):
+        check_rewritable(doc, "only")
+
+
+@pytest.mark.parametrize("text, name", [
+    ("%YAML 1.2\n---\n" + YAML_PLAN, "plan.yaml"),  # a directive: lines may read otherwise alone
+    (MARKDOWN_PLAN.replace("title: First phase", "title: 'has <!-- runner:status:end --> in it'"), "plan.md"),
+])
+def test_check_rewritable_reads_the_whole_plan_where_lines_alone_cannot_tell(tmp_path: Path, text, name) -> None:
+    doc = _doc(tmp_path, text, name)
+    phase_id = doc.plan.phases[0].id
+    with mock.patch.object(rewrite, "_verify", wraps=rewrite._verify) as whole:
+        try:
+            check_rewritable(doc, phase_id)
+        except PlanError:
+            pass
+    assert whole.call_count == 1
 
 
 def test_status_section_table() -> None:
@@ -559,3 +592,19 @@ def test_mask_catches_a_dropped_comment_and_a_redump() -> None:
     redumped = io.StringIO()
     yaml.dump(data, redumped)
     assert _mask(redumped.getvalue(), **mask) != _mask(text.replace("kind: verify", "kind:   verify"), **mask)
+
+
+@settings(_GENERATED, max_examples=60)
+@given(generated=_generated_plans())
+def test_check_rewritable_reads_a_phases_lines_alone_and_agrees_with_the_whole(generated: _Generated) -> None:
+    """On plans as people write them the check before the gates re-reads only the phase's
+    lines (never the whole plan), and the text it checked reads back whole as intended."""
+    markdown = generated.name.endswith(".md")
+    doc = parse_plan(generated.text, path=Path(generated.name), format="markdown" if markdown else "yaml")
+    nodes = rewrite._phase_nodes(doc)
+    for phase in doc.plan.phases:
+        update = {phase.id: PhaseUpdate("complete", CHECKPOINT)}
+        with mock.patch.object(rewrite, "_verify", side_effect=AssertionError("read the whole plan")):
+            checked = rewrite._render(doc, update, nodes, verify=True, alone=phase.id)
+        assert parse_plan(checked, path=doc.path, format=doc.format).plan == _expected_plan(doc.plan, update)
+        assert checked == render_updates(doc, update)
