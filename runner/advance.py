@@ -10,7 +10,7 @@ on a tree whose fingerprint is taken before and after; the evidence goes to
   plan file is written only once the commit and its tag are published (``runner.repo.checkpoint``);
   a refused or failed commit leaves it as it was.
 * a gate failed or errored, or the tree changed under the gates: ``failed``, no commit.
-* a gate needs a device this machine lacks: ``blocked``, no commit, and a message saying how
+* a gate needs a device (or a Python module) this machine lacks: ``blocked``, no commit, and a message saying how
   to finish the phase on another machine. When the plan already holds a verdict on the phase
   from an earlier run (``failed`` or ``blocked``, its report under ``reports/``), a run that
   could only block leaves the plan as it is and writes only its own report.
@@ -160,7 +160,7 @@ def _check_repo(root: Path) -> str:
 
 def _dry_run(ws: Workspace, phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> AdvanceOutcome:
     lines = [f"plan {ws.plan.id} ({ws.plan_rel}): next phase {phase.id} ({phase.status})",
-             *step_lines(phase, results_path, machine), "dry run: nothing was changed"]
+             *step_lines(ws, phase, results_path, machine), "dry run: nothing was changed"]
     return AdvanceOutcome(ExitCode.OK, phase=phase.id, messages=lines)
 
 

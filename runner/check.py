@@ -16,6 +16,7 @@ from pathlib import Path
 from runner.errors import ExitCode, UsageError
 from runner.gates.execute import ProgressFn
 from runner.gates.preflight import check_calls
+from runner.gates.requirements import found_modules
 from runner.plan.order import plan_run
 from runner.plan.schema import Phase, Plan
 from runner.records import machine as machine_probe
@@ -110,7 +111,7 @@ def check_phases(
     if on_logs is not None:
         on_logs(log_root)
     for phase in phases:
-        steps = plan_run(phase, devices)
+        steps = plan_run(phase, devices, found_modules(phase, ws.root))
         gates = run_phase(
             ws,
             phase,

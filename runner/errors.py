@@ -16,7 +16,7 @@ class ExitCode(IntEnum):
     OK = 0  # every gate that ran passed
     GATE_FAILED = 1  # a gate failed or errored
     USAGE = 2  # bad command line, plan, results file or repository state
-    BLOCKED = 3  # a gate needs a device this machine lacks
+    BLOCKED = 3  # a gate needs a device (or a Python module) this machine lacks
     INTERRUPTED = 130  # SIGINT / SIGTERM
 
 

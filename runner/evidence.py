@@ -69,7 +69,7 @@ def record_evidence(
     check_writes(ws, phase, git=(ws.root / ".git").exists())
     if dry_run:
         lines = [f"plan {ws.plan.id} ({ws.plan_rel}): evidence for {phase.id} ({reason})",
-                 *step_lines(phase, results_path, machine),
+                 *step_lines(ws, phase, results_path, machine),
                  "dry run: nothing was changed; the run would change no status and commit nothing"]
         return EvidenceOutcome(ExitCode.OK, phase.id, messages=lines)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance --evidence", wait_s=wait_s):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from runner.errors import ReportError
 from runner.gates.execute import ProgressFn
+from runner.gates.requirements import found_modules
 from runner.plan.order import GateStep, plan_run
 from runner.plan.schema import Phase
 from runner.records import machine as machine_probe
@@ -71,14 +72,14 @@ def check_writes(ws: Workspace, phase: Phase, *, git: bool) -> None:
     check_run_folder(ws.root, REPORTS_DIR, parent)
 
 
-def step_lines(phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> list[str]:
+def step_lines(ws: Workspace, phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> list[str]:
     """What a run of ``phase`` would do here, one line per gate (a dry run)."""
     if results_path is not None:
         return [f"would check {results_path} against the plan and the tree"]
     devices = frozenset((machine or machine_probe.probe_machine()).devices)
     return [
         f"  {step.gate.kind:<9} {step.gate.name}: " + ("run" if step.action == "run" else f"blocked: {step.reason}")
-        for step in plan_run(phase, devices)
+        for step in plan_run(phase, devices, found_modules(phase, ws.root))
     ]
 
 
@@ -102,7 +103,7 @@ def run_or_import(
         phase_results = imported.phase(phase.id)
         return PhaseRun(run, [], list(phase_results.gates), source, phase_results.definitions)
     run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
-    steps = plan_run(phase, frozenset(run.machine.devices))
+    steps = plan_run(phase, frozenset(run.machine.devices), found_modules(phase, ws.root))
     finished: list[GateResult] = []
     running: dict[str, object] = {}
 

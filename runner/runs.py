@@ -133,9 +133,13 @@ def run_phase(
 
 
 def finish_elsewhere_hint(phase: Phase, steps: Sequence[GateStep]) -> str:
-    """How to finish a phase whose gates need a device this machine lacks."""
-    devices = sorted({req for step in steps if step.action == "blocked" for req in step.gate.requires})
-    where = " and ".join(devices) if devices else "the devices its gates require"
+    """How to finish a phase whose gates need a device (or a Python module) this machine lacks."""
+    blocked = [step.gate for step in steps if step.action == "blocked"]
+    needs = sorted({device for gate in blocked for device in gate.required_devices()})
+    modules = sorted({name for gate in blocked for name in gate.required_modules()})
+    if modules:
+        needs.append(("the Python module " if len(modules) == 1 else "the Python modules ") + ", ".join(modules))
+    where = " and ".join(needs) if needs else "the devices its gates require"
     return (
         f"run `python -m runner gate {phase.id} --out results.json` in a copy of this tree on a "
         f"machine with {where}, copy results.json back, then `{PROGRAM} advance --results results.json`"

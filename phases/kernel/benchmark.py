@@ -1,4 +1,14 @@
-"""Benchmark gate: kernel time as a fraction of the roofline, and speedup over the naive oracle.
+"""Benchmark gate: kernel time against the best peer and as a fraction of the roofline, and
+speedup over the naive oracle.
+
+The thresholds are the peer ratios (decision of 2026-12-03, in the plan): FlashMLA and
+FlashInfer's MLA timed beside the kernel in this process by one method
+(``phases.kernel.bench.peers``: each call replayed from a CUDA graph, the three interleaved,
+medians per round) on 17 of the rows below, classed memory-bound, mid, compute-bound, decode and
+ragged; ``min_peer_ratio_<class>`` is best peer's time over the kernel's, as samples (one per
+round) of the class's worst row. The roofline fractions stay as targets. Without the peers
+installed the runner blocks the gate (``requires: module:flash_mla, module:flashinfer``); run
+standalone it raises naming them (``--no-peers`` skips the comparison).
 
 Every row: B=1 (or a ragged B=8 batch, or a batched T=1 decode row), bf16, D=576, DV=512,
 slots from ``torch.randperm`` of a fresh pool (1.25x the rows needed, and at least
@@ -36,10 +46,10 @@ Gluon, the Triton path elsewhere; each row records the path its planned call use
 
 Artifacts (through ``runner.gatekit``): ``bench.json``, ``bench.md`` and two plots,
 ``roofline-fraction`` (fraction vs context per (H, T)) and ``kv-bandwidth`` (KV bandwidth vs
-context, the naive oracle as reference series).
+context, the naive oracle as reference series); with the peers ``peers.json`` and ``peers.md``.
 
 Gate: ``call: phases.kernel.benchmark:run``.
-Standalone: ``python -m phases.kernel.benchmark [--quick] [--layers 8] [--out DIR]``.
+Standalone: ``python -m phases.kernel.benchmark [--quick] [--layers 8] [--no-peers] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -59,7 +69,7 @@ import torch
 from runner import gatekit
 
 from kernel.reference import mla_verify_reference
-from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs, max_request_rel_err
 from phases.kernel.bench.fit import fit_fixed_cost, fit_table
 from phases.common.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 from phases.kernel.bench.shapes import (
@@ -73,15 +83,24 @@ from phases.kernel.bench.shapes import (
     QUICK_CONTEXTS,
     TREE_COMPARISON_SHAPE,
     V_HEAD_DIM,
+    bound_class,
+    context_label,
     decode_batch_shapes,
 )
 from phases.common.kernel_timing import bench_us, graph_replay, planned_run
-from phases.kernel.verify import max_request_rel_err
+from phases.kernel.bench.peers import (
+    DEFAULT_REPETITIONS,
+    DEFAULT_REPLAYS,
+    PeerRow,
+    load_peers,
+    measure_peers,
+    peer_shapes,
+    peers_table,
+    summarize_peers,
+)
 
 ORACLE_MIN_CONTEXT = 16384
 ORACLE_MAX_BYTES = 20 << 30
-MEMORY_BOUND_MAX_ROWS = 64
-COMPUTE_BOUND_MIN_ROWS = 256
 DEFAULT_LAYERS = 8  # layers of the captured step each row is timed in
 L2_BYTES = 50 << 20  # the H200's L2; one row's layer pools hold at least twice this in total
 POOL_FACTOR = 1.25  # pool slots per row read (randperm slots scattered over the pool)
@@ -165,8 +184,11 @@ def run(
     oracle_max_context: int | None = None,
     artifacts_dir: str | None = None,
     layers: int = DEFAULT_LAYERS,
+    peers: bool = True,
+    peer_repetitions: int = DEFAULT_REPETITIONS,
+    peer_replays: int = DEFAULT_REPLAYS,
 ) -> dict:
-    """Measure ceilings, then every row; return the gate's metrics.
+    """Measure ceilings, then every row, then the rows beside the peers; return the gate's metrics.
 
     Args:
         contexts: L values of the (H, T) sweep.
@@ -176,6 +198,10 @@ def run(
         artifacts_dir: where ``bench.json``, ``bench.md`` and the plots go (None: the runner's
             artifacts through ``runner.gatekit``, nothing outside the runner).
         layers: layers of the captured step each row is timed in (``time_us`` = replay / layers).
+        peers: time FlashMLA and FlashInfer beside the kernel (``phases.kernel.bench.peers``);
+            they are imported first, so a missing one raises before any row is timed.
+        peer_repetitions: rounds of the comparison, one ratio sample each.
+        peer_replays: replays of each kernel per round.
     Returns:
         metrics: ``copy_bw_TBps``, ``bf16_TFLOPs``, ``min_frac_{memory,mid,compute}_{64k,16k}``,
         ``min_frac_decode_16k`` (the batched T=1 rows at 16k), ``frac_ragged`` and
@@ -184,7 +210,11 @@ def run(
         ``rows_triton`` (rows whose planned call the default dispatch sent to each kernel path;
         each row's ``path`` is in bench.json and the table), ``elapsed_s`` and
         ``frac_<row>``/``us_<row>``/``isolated_us_<row>`` per row (e.g. ``frac_h16_t8_128k``).
-        Fractions are of the layered time. A class metric is absent when no row of it ran.
+        Fractions are of the layered time. With ``peers``: ``min_peer_ratio_<class>`` (memory,
+        mid, compute, decode, ragged) and ``peer_ratio_<row>`` as samples, ``peer_rows`` and
+        ``max_rel_err_peer_rows`` (the kernel's error there, also in ``max_rel_err``); see
+        ``phases.kernel.bench.peers.summarize_peers``. A class metric is absent when no row of
+        it ran (or, for a ratio, when no peer or not the kernel could be timed on it).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("The benchmark gate needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -192,15 +222,36 @@ def run(
 
     device = torch.device("cuda")
     started = time.perf_counter()
+    peer_libs = load_peers(device) if peers else None  # a missing peer raises before 60 s of rows
     ceilings = measure_ceilings(device)
     spec = BenchSpec(contexts=tuple(contexts), oracle_max_context=oracle_max_context, seed=seed, layers=layers)
     rows = measure_rows(spec, mla_verify_attention, ceilings, device, prepare_run=eager_planned_run)
+    peer_rows: list[PeerRow] = []
+    if peer_libs is not None:
+        shapes = peer_shapes(seed)
+        measured: list[PeerRow] = []
+
+        def report(row: PeerRow) -> None:
+            measured.append(row)
+            gatekit.progress(len(measured), len(shapes))
+
+        peer_rows = measure_peers(shapes, ceilings, device, peer_libs, repetitions=peer_repetitions,
+                                  replays=peer_replays, on_row=report)
     metrics = summarize(rows, ceilings)
+    if peer_libs is not None:
+        metrics.update(summarize_peers(peer_rows))
+        metrics["max_rel_err"] = max(metrics["max_rel_err"], metrics.get("max_rel_err_peer_rows", 0.0))
     device_info = describe_device(device)
+    if peer_libs is not None:
+        device_info["peers"] = peer_libs.versions
     table = markdown_table(rows, ceilings, device_info)
-    write_artifacts(None if artifacts_dir is None else Path(artifacts_dir), rows, ceilings, device_info, metrics, table)
+    peer_table = peers_table(peer_rows, peer_libs.versions) if peer_libs is not None else None
+    write_artifacts(None if artifacts_dir is None else Path(artifacts_dir), rows, ceilings, device_info, metrics, table,
+                    peer_rows=peer_rows if peer_libs is not None else None, peer_table=peer_table)
     metrics["elapsed_s"] = round(time.perf_counter() - started, 2)
-    print(table, flush=True)  # the gate's log keeps the table
+    print(table, flush=True)  # the gate's log keeps the tables
+    if peer_table is not None:
+        print(peer_table, flush=True)
     return metrics
 
 
@@ -526,20 +577,6 @@ def summarize(rows: list[BenchRow], ceilings: Ceilings) -> dict:
     return metrics
 
 
-def bound_class(packed_rows: int) -> str:
-    """``memory`` for H*T <= 64, ``compute`` for H*T >= 256, ``mid`` in between."""
-    if packed_rows <= MEMORY_BOUND_MAX_ROWS:
-        return "memory"
-    if packed_rows >= COMPUTE_BOUND_MIN_ROWS:
-        return "compute"
-    return "mid"
-
-
-def context_label(context: int) -> str:
-    """``65536 -> "64k"``; contexts that are not a multiple of 1024 keep their digits."""
-    return f"{context // 1024}k" if context % 1024 == 0 else str(context)
-
-
 def oracle_bytes(case: Case) -> int:
     """Peak temporaries of the unchunked fp32 oracle: gathered rows, then ~3 score-sized tensors."""
     rows = max(case.context_lens) * HEAD_DIM * (2 + 4)
@@ -602,11 +639,19 @@ def describe_device(device: torch.device) -> dict:
 
 
 def write_artifacts(
-    directory: Path | None, rows: list[BenchRow], ceilings: Ceilings, device_info: dict, metrics: dict, table: str
+    directory: Path | None,
+    rows: list[BenchRow],
+    ceilings: Ceilings,
+    device_info: dict,
+    metrics: dict,
+    table: str,
+    peer_rows: list[PeerRow] | None = None,
+    peer_table: str | None = None,
 ) -> None:
     """``bench.json`` (rows, ceilings, device, metrics), ``bench.md`` (the table) and the plots
-    (see ``plots``): into ``directory``, or the runner's artifacts through ``runner.gatekit``
-    when it is None (nothing outside the runner)."""
+    (see ``plots``), and with ``peer_rows`` ``peers.json`` and ``peers.md`` (``peer_table``):
+    into ``directory``, or the runner's artifacts through ``runner.gatekit`` when it is None
+    (nothing outside the runner)."""
     payload = {
         "device": device_info,
         "ceilings": asdict(ceilings),
@@ -617,6 +662,10 @@ def write_artifacts(
     payload["fixed_cost"] = [asdict(f) for f in fits]
     files = {"bench.json": json.dumps(payload, indent=1), "bench.md": table,
              "fixed_cost.md": fit_table(fits, ceilings.copy_bw_bytes_per_s / 1e12)}
+    if peer_rows is not None:
+        files["peers.json"] = json.dumps({"device": device_info, "ceilings": asdict(ceilings),
+                                          "rows": [asdict(r) for r in peer_rows]}, indent=1)
+        files["peers.md"] = peer_table or ""
     figures = plots(rows)
     if directory is None:
         for name, text in files.items():
@@ -704,17 +753,21 @@ def eager_planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], object]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: run the benchmark (which prints the table), then print the metrics."""
-    parser = argparse.ArgumentParser(description="Benchmark mla_verify_attention against the roofline.")
+    parser = argparse.ArgumentParser(description="Benchmark mla_verify_attention against its peers and the roofline.")
     parser.add_argument("--quick", action="store_true", help="64k and 128k only; oracle at 64k only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for bench.json, bench.md and the plots")
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS, help="layers of the captured step per row")
+    parser.add_argument("--no-peers", action="store_true", help="skip FlashMLA and FlashInfer (no peer ratios)")
+    parser.add_argument("--peer-repetitions", type=int, default=DEFAULT_REPETITIONS,
+                        help="rounds of the peer comparison (ratio samples per row)")
     args = parser.parse_args(argv)
+    common = dict(seed=args.seed, artifacts_dir=args.out, layers=args.layers, peers=not args.no_peers,
+                  peer_repetitions=args.peer_repetitions)
     if args.quick:
-        metrics = run(contexts=QUICK_CONTEXTS, seed=args.seed, oracle_max_context=65536, artifacts_dir=args.out,
-                      layers=args.layers)
+        metrics = run(contexts=QUICK_CONTEXTS, oracle_max_context=65536, **common)
     else:
-        metrics = run(seed=args.seed, artifacts_dir=args.out, layers=args.layers)
+        metrics = run(**common)
     print(json.dumps(metrics, indent=1))
     return 0
 

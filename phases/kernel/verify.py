@@ -37,7 +37,7 @@ from functools import partial
 import torch
 
 from kernel.reference import mla_verify_reference
-from phases.kernel.bench.cases import PROFILES, Case, build_inputs, fast_path_args
+from phases.kernel.bench.cases import PROFILES, Case, build_inputs, fast_path_args, max_request_rel_err
 from runner import gatekit
 
 GUARD_ELEMENTS = 4096  # NaN-poisoned elements after `out` that the kernel must leave alone
@@ -198,23 +198,6 @@ def _check_path(
             torch.cuda.empty_cache()
     result.seconds = round(time.perf_counter() - started, 4)
     return result
-
-
-def max_request_rel_err(out: torch.Tensor, reference: torch.Tensor, qo_indptr: torch.Tensor) -> float:
-    """Largest ``||out_b - ref_b|| / ||ref_b||`` over requests, computed in float64.
-
-    Args:
-        out: any float dtype ``[N, H, DV]``.
-        reference: float64 ``[N, H, DV]``.
-        qo_indptr: int ``[B + 1]``.
-    """
-    bounds = qo_indptr.tolist()
-    worst = 0.0
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        ref_b = reference[start:end].double()
-        err = torch.linalg.vector_norm(out[start:end].double() - ref_b)
-        worst = max(worst, float(err / torch.linalg.vector_norm(ref_b).clamp_min(1e-300)))
-    return worst
 
 
 def summarize(results: list[CaseResult], *, profile: str, elapsed_s: float) -> dict:

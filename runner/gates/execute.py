@@ -305,16 +305,24 @@ def _command(gate: GateLike) -> list[str]:
     raise ValueError(f"gate {gate.name!r} has neither run nor call")
 
 
-def _child_env(gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None, files: GateFiles) -> dict[str, str]:
+def gate_environment(gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a gate's process starts with, less the ``RUNNER_*`` files: the runner's
+    environment, ``extra``, the gate's ``env:``, and ``PYTHONPATH`` led by the repository root
+    and this runner's folder (see the module docstring)."""
     env = dict(os.environ)
     env.update(extra or {})
     env.update(getattr(gate, "env", None) or {})
-    path_entries = [str(repo_root.resolve())]
-    if _RUNNER_ROOT != repo_root.resolve():
+    path_entries = [str(Path(repo_root).resolve())]
+    if _RUNNER_ROOT != Path(repo_root).resolve():
         path_entries.append(str(_RUNNER_ROOT))  # a gate's import of runner.gatekit
     if env.get("PYTHONPATH"):
         path_entries.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path_entries)
+    return env
+
+
+def _child_env(gate: GateLike, repo_root: Path, extra: Mapping[str, str] | None, files: GateFiles) -> dict[str, str]:
+    env = gate_environment(gate, repo_root, extra)
     env.update(files.environment(gate.name))
     return env
 

@@ -1,11 +1,13 @@
 """Deciding what runs: which phase is next and which of its gates can run here.
 
-Pure functions of the plan and the set of devices this machine has; the executor runs
-the resulting steps in order and stops at the first failure.
+Pure functions of the plan, the set of devices this machine has and the Python modules each
+gate's interpreter finds (looked up beforehand by ``runner.gates.requirements``); the executor
+runs the resulting steps in order and stops at the first failure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,19 +40,28 @@ def ordered_gates(phase: Phase) -> list[Gate]:
     return sorted(phase.gates, key=lambda gate: _KIND_ORDER[gate.kind])
 
 
-def plan_run(phase: Phase, devices: frozenset[str]) -> list[GateStep]:
+def plan_run(
+    phase: Phase, devices: frozenset[str], modules: Mapping[str, Collection[str]] | None = None
+) -> list[GateStep]:
     """The steps of a run of ``phase`` on a machine with ``devices``, in order.
 
-    A gate whose ``requires`` names a device not in ``devices`` is blocked. A benchmark is
-    also blocked when a verify gate of the phase is blocked, because a benchmark runs only
-    after its phase's verify gates pass in the same run.
+    ``modules`` maps a gate's name to the modules of its ``module:NAME`` requirements that its
+    interpreter finds; a gate it does not name finds none, so a module nobody looked up blocks
+    its gate and never lets it pass. A gate whose ``requires`` names a device not in ``devices``
+    or a module it does not find is blocked, with each missing one named. A benchmark is also
+    blocked when a verify gate of the phase is blocked, because a benchmark runs only after its
+    phase's verify gates pass in the same run.
     """
     steps: list[GateStep] = []
     blocked_verify: list[str] = []
     for gate in ordered_gates(phase):
-        missing = sorted(set(gate.requires) - devices)
-        if missing:
-            step = GateStep(gate, "blocked", f"needs {', '.join(missing)}, which this machine lacks")
+        found = (modules or {}).get(gate.name, ())
+        lacking = missing_reason(
+            sorted(set(gate.required_devices()) - devices),
+            [name for name in gate.required_modules() if name not in found],
+        )
+        if lacking:
+            step = GateStep(gate, "blocked", lacking)
             if gate.kind == "verify":
                 blocked_verify.append(gate.name)
         elif gate.kind == "benchmark" and blocked_verify:
@@ -64,3 +75,15 @@ def plan_run(phase: Phase, devices: frozenset[str]) -> list[GateStep]:
             step = GateStep(gate, "run", "")
         steps.append(step)
     return steps
+
+
+def missing_reason(devices: list[str], modules: list[str]) -> str:
+    """Why a gate lacking ``devices`` and ``modules`` is blocked ("" when it lacks none)."""
+    parts = []
+    if devices:
+        parts.append(f"needs {', '.join(devices)}, which this machine lacks")
+    if modules:
+        noun = "module" if len(modules) == 1 else "modules"
+        parts.append(f"needs Python {noun} {', '.join(modules)}, which the gate's interpreter does not find "
+                     "(not installed or not on its PYTHONPATH)")
+    return "; ".join(parts)

@@ -8,6 +8,7 @@ Models are frozen: status changes go through ``runner.plan.rewrite``, never by m
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -38,6 +39,9 @@ PHASE_STATUSES: tuple[PhaseStatus, ...] = get_args(PhaseStatus)
 ID_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$"
 ID_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit and not ending in '.' or '-'"
 CALL_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
+MODULE_PREFIX = "module:"
+"""A ``requires:`` entry ``module:NAME`` needs the Python module NAME (``Gate.required_modules``)."""
+MODULE_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$"
 
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 MetricValue = bool | int | float | str
@@ -141,6 +145,10 @@ class Gate(_Model):
     number it reports into samples; a gate may also report a list of numbers itself. A
     threshold on samples is judged on the ``confidence`` interval of their median
     (``runner.plan.samples``); a single number is judged as it is.
+
+    ``requires`` names what the gate needs to run here: devices (``cuda``: the machine has
+    one) and ``module:NAME`` entries (the gate's interpreter finds the Python module NAME,
+    ``runner.gates.requirements``). A gate that lacks either is BLOCKED, never run.
     """
 
     name: Identifier
@@ -156,6 +164,28 @@ class Gate(_Model):
     tolerance: dict[str, Tolerance] = Field(default_factory=dict)
     repeat: Repeat = 1
     confidence: Confidence = DEFAULT_CONFIDENCE
+
+    @field_validator("requires")
+    @classmethod
+    def _module_names(cls, requires: list[str]) -> list[str]:
+        for index, entry in enumerate(requires):
+            name = entry[len(MODULE_PREFIX):] if entry.startswith(MODULE_PREFIX) else None
+            if name is not None and not re.match(MODULE_PATTERN, name):
+                raise PydanticCustomError(
+                    "requires_module",
+                    "'{entry}' names no Python module: write module:NAME with NAME a dotted module name "
+                    "such as module:flash_mla",
+                    {"entry": entry, "at": (index,)},
+                )
+        return requires
+
+    def required_devices(self) -> list[str]:
+        """The ``requires`` entries that name a device (``cuda``): every entry but ``module:NAME``."""
+        return [entry for entry in self.requires if not entry.startswith(MODULE_PREFIX)]
+
+    def required_modules(self) -> list[str]:
+        """The Python modules named by ``module:NAME`` entries of ``requires``, in order."""
+        return [entry[len(MODULE_PREFIX):] for entry in self.requires if entry.startswith(MODULE_PREFIX)]
 
     @model_validator(mode="after")
     def _one_command(self) -> Gate:

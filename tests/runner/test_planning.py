@@ -83,3 +83,32 @@ def test_benchmark_is_blocked_when_a_verify_gate_is_blocked() -> None:
 def test_benchmark_runs_without_verify_gates_and_blocks_on_its_own_devices() -> None:
     phase = _phase(_gate("fast", "benchmark"), _gate("gpu", "benchmark", "cuda"))
     assert _actions(plan_run(phase, frozenset())) == [("fast", "run"), ("gpu", "blocked")]
+
+
+def test_missing_module_blocks_the_gate_and_names_the_module() -> None:
+    phase = _phase(_gate("bench", "benchmark", "cuda", "module:flash_mla", "module:flashinfer"), _gate("make", "build"))
+    steps = plan_run(phase, frozenset({"cuda"}), {"bench": frozenset({"flashinfer"})})
+    assert _actions(steps) == [("make", "run"), ("bench", "blocked")]
+    assert "module flash_mla" in steps[1].reason and "flashinfer" not in steps[1].reason
+    assert "cuda" not in steps[1].reason
+
+
+def test_found_modules_let_the_gate_run() -> None:
+    phase = _phase(_gate("bench", "benchmark", "cuda", "module:flash_mla"))
+    steps = plan_run(phase, frozenset({"cuda"}), {"bench": frozenset({"flash_mla"})})
+    assert _actions(steps) == [("bench", "run")] and steps[0].reason == ""
+
+
+def test_a_module_nobody_looked_up_blocks_and_devices_and_modules_are_both_named() -> None:
+    phase = _phase(_gate("bench", "benchmark", "cuda", "module:flash_mla"))
+    assert _actions(plan_run(phase, frozenset({"cuda"}))) == [("bench", "blocked")]
+    [step] = plan_run(phase, frozenset(), {"bench": frozenset({"flash_mla"})})
+    assert step.reason == "needs cuda, which this machine lacks"
+    [step] = plan_run(phase, frozenset())
+    assert step.reason.startswith("needs cuda, which this machine lacks; needs Python module flash_mla")
+
+
+def test_a_verify_gate_blocked_on_a_module_blocks_the_benchmark() -> None:
+    phase = _phase(_gate("bench", "benchmark"), _gate("check", "verify", "module:numpy_that_is_not_here"))
+    steps = plan_run(phase, frozenset({"cuda"}), {})
+    assert _actions(steps) == [("check", "blocked"), ("bench", "blocked")]

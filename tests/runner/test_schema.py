@@ -114,3 +114,15 @@ def test_models_are_frozen() -> None:
     plan = Plan.model_validate(_plan())
     with pytest.raises(ValidationError):
         plan.phases[0].status = "complete"  # type: ignore[misc]
+
+
+def test_requires_splits_devices_from_modules() -> None:
+    gate = Gate.model_validate(_gate(requires=["cuda", "module:flash_mla", "module:flashinfer.mla"]))
+    assert gate.required_devices() == ["cuda"]
+    assert gate.required_modules() == ["flash_mla", "flashinfer.mla"]
+
+
+@pytest.mark.parametrize("entry", ["module:", "module:9lives", "module:flash-mla", "module:a..b", "module: x"])
+def test_a_module_requirement_must_name_a_module(entry: str) -> None:
+    with pytest.raises(ValidationError, match="names no Python module"):
+        Gate.model_validate(_gate(requires=["cuda", entry]))

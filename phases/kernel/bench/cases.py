@@ -2,7 +2,8 @@
 
 A ``Case`` is a small, hashable description (heads, per-request draft and context lengths,
 dims, dtype, mask and slot layout, seed); ``build_inputs`` turns it into the exact keyword
-arguments of ``kernel.mla_verify_attention``. Two profiles:
+arguments of ``kernel.mla_verify_attention``; ``max_request_rel_err`` is the per-request error
+every gate judges an output by. Two profiles:
 
 * ``full_cases(seed)``: the GPU verify gate (>= 320 cases, up to 200k context, B up to 32).
 * ``interpret_cases(seed)``: tiny cases for the Triton interpreter on a CPU.
@@ -362,9 +363,26 @@ def _cumsum(lengths: tuple[int, ...]) -> list[int]:
     return sums
 
 
+def max_request_rel_err(out: torch.Tensor, reference: torch.Tensor, qo_indptr: torch.Tensor) -> float:
+    """Largest ``||out_b - ref_b|| / ||ref_b||`` over requests, computed in float64.
+
+    Args:
+        out: any float dtype ``[N, H, DV]``.
+        reference: float64 ``[N, H, DV]``.
+        qo_indptr: int ``[B + 1]``.
+    """
+    bounds = qo_indptr.tolist()
+    worst = 0.0
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        ref_b = reference[start:end].double()
+        err = torch.linalg.vector_norm(out[start:end].double() - ref_b)
+        worst = max(worst, float(err / torch.linalg.vector_norm(ref_b).clamp_min(1e-300)))
+    return worst
+
+
 def _join(values: tuple[int, ...]) -> str:
     return "[" + ",".join(str(v) for v in values) + "]"
 
 
 __all__ = ["Case", "build_inputs", "fast_path_args", "fast_path_cases", "full_cases", "interpret_cases", "random_parents",
-           "PROFILES"]
+           "max_request_rel_err", "PROFILES"]
