@@ -118,10 +118,8 @@ class AttentionBackend:
             k_rope = rows[:, None, r:].expand(length, h, rows.shape[1] - r)
             k = torch.cat([kv_full[..., :nope], k_rope], dim=-1)  # [L, H, qk]
             q = torch.cat([q_nope[qo[b] : qo[b + 1]], q_rope[qo[b] : qo[b + 1]]], dim=-1)  # [T, H, qk]
-            t = q.shape[0]
-            o = causal_prefill(q.transpose(0, 1), k.transpose(0, 1), kv_full[..., nope:].transpose(0, 1), length - t,
-                               self.sm_scale, self.prefill_method)  # [H, T, v]: v unpadded, no mask tensor
-            out[qo[b] : qo[b + 1]] = o.transpose(0, 1)
+            causal_prefill(q.transpose(0, 1), k.transpose(0, 1), kv_full[..., nope:].transpose(0, 1), length - q.shape[0],
+                           self.sm_scale, self.prefill_method, out=out[qo[b] : qo[b + 1]].transpose(0, 1))  # v unpadded, no mask
         self.timer.stop()
         return out
 

@@ -162,13 +162,15 @@ def _one_call(q, k, v, prefix: int, scale: float, method: str) -> torch.Tensor:
     raise ValueError(f"Expected a method in {list(METHODS)}, got {method!r}")
 
 
-def _sliced(q, k, v, prefix: int, scale: float, method: str) -> torch.Tensor:
+def _sliced(q, k, v, prefix: int, scale: float, method: str, out: torch.Tensor | None) -> torch.Tensor:
     h, n, _ = q.shape
     if method == "masked":
-        return masked_prefill(q, k, v, prefix, scale)
+        result = masked_prefill(q, k, v, prefix, scale)
+        return result if out is None else out.copy_(result)
     if n <= QUERY_SLICE:
-        return _one_call(q, k, v, prefix, scale, method)
-    out = torch.empty(h, n, v.shape[-1], dtype=q.dtype, device=q.device)
+        result = _one_call(q, k, v, prefix, scale, method)
+        return result if out is None else out.copy_(result)
+    out = torch.empty(h, n, v.shape[-1], dtype=q.dtype, device=q.device) if out is None else out
     for c0 in range(0, n, QUERY_SLICE):
         c1 = min(n, c0 + QUERY_SLICE)
         out[:, c0:c1] = _one_call(q[:, c0:c1], k[:, : prefix + c1], v[:, : prefix + c1], prefix + c0, scale, method)
@@ -176,32 +178,36 @@ def _sliced(q, k, v, prefix: int, scale: float, method: str) -> torch.Tensor:
 
 
 def causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float,
-                   method: str | None = None) -> torch.Tensor:
+                   method: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [H, n, qk] at positions [prefix, prefix + n) over k [H, L, qk], v [H, L, dv]
-    (L = prefix + n), lower-right causal; returns [H, n, dv] in q's dtype.
+    (L = prefix + n), lower-right causal; returns [H, n, dv] in q's dtype (``out`` when given:
+    any [H, n, dv] view of q's dtype, written in full).
 
     method: one of ``METHODS``; None: ``select_method`` for q's device, dtype and head dims (a
     chosen method that raises is dropped and the next one runs, see the Decisions).
     """
     h, n, qk = q.shape
+    dv = v.shape[-1]
     if prefix < 0 or k.shape[1] != prefix + n or v.shape[1] != prefix + n:
         raise ValueError(f"Expected {prefix} + {n} keys and values, got {k.shape[1]} and {v.shape[1]}")
     if k.shape[0] != h or v.shape[0] != h or k.shape[2] != qk:
         raise ValueError(f"Expected k [{h}, L, {qk}] and v [{h}, L, dv], got {list(k.shape)} and {list(v.shape)}")
+    if out is not None and (tuple(out.shape) != (h, n, dv) or out.dtype != q.dtype):
+        raise ValueError(f"Expected out [{h}, {n}, {dv}] of {q.dtype}, got {list(out.shape)} of {out.dtype}")
     if method is not None:
-        return _sliced(q, k, v, prefix, scale, method)
-    chosen = select_method(q.device, q.dtype, qk, v.shape[-1])
+        return _sliced(q, k, v, prefix, scale, method, out)
+    chosen = select_method(q.device, q.dtype, qk, dv)
     try:
-        return _sliced(q, k, v, prefix, scale, chosen)
+        return _sliced(q, k, v, prefix, scale, chosen, out)
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, NotImplementedError) as exc:
         if chosen == "masked":
             raise
-        key = _key(q.device, q.dtype, qk, v.shape[-1])
+        key = _key(q.device, q.dtype, qk, dv)
         _drop(key, chosen, f"raised at n={n}, prefix={prefix}: {_why(exc)}")
         _chosen.pop(key, None)  # select again, past the dropped method
-        return causal_prefill(q, k, v, prefix, scale)
+        return causal_prefill(q, k, v, prefix, scale, out=out)
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float,
