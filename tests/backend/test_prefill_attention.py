@@ -197,3 +197,25 @@ def test_cuda_methods_match_float64_on_the_engine_shapes(method, n, prefix):
 def test_a_fused_method_is_chosen_on_cuda():
     chosen = pa.select_method("cuda", torch.bfloat16, 192, 128)
     assert chosen in pa.CUDA_ORDER, pa.skipped_methods("cuda", torch.bfloat16, 192, 128)
+
+
+# ---- the benchmark's host side ---------------------------------------------------------------
+
+
+def test_bench_flops_table_and_refusals(capsys):
+    from phases.backend import prefill_attention_bench as bench
+
+    assert bench.chunk_flops(2, 3, heads=1, qk=1, dv=1) == 2 * 2 * (2 * 3 + 3)  # keys seen: 4 + 5
+    assert bench.chunk_flops(8192, 0) == 2 * 16 * 320 * 8192 * 8193 // 2
+    row = dict(ms=2.0, first_ms=40.0, tflops=300.0, frac_bf16_mm=0.45, err_vs_masked=1.1, exact=True)
+    result = dict(device="GPU", torch="2.11", cudnn=91000, bf16_flops_per_s=6.9e14, avoid_recompile=None,
+                  engine_choice="cudnn", engine_skipped={}, ttft=[],
+                  chunks=[dict(prefix=0, winner="cudnn", methods={"masked": dict(row, ms=4.0), "cudnn": row,
+                                                                 "flex": dict(method="flex", skipped="RuntimeError: no")})])
+    text = bench.table(result)
+    assert "| 0 | cudnn **fastest exact** | 2.00 | 40.0 | 300 | 0.45 | 1.10 | yes | 2.00x |" in text
+    assert "| 0 | flex | skipped: RuntimeError: no |" in text
+    assert bench.main(["--methods", "cudnn,sdpa"]) == 2
+    if not torch.cuda.is_available():
+        assert bench.main([]) == 3
+    assert "Expected methods of" in capsys.readouterr().err
