@@ -38,9 +38,10 @@ Decisions:
 - Choice per device (``select_method``, once per device, dtype and head dims): on CUDA the first
   of ``cudnn``, ``flash``, ``efficient`` that runs and agrees with a float32 reference on small
   problems in the engine's layouts (``probe``), each one skipped with its reason warned, else
-  ``masked``; on CPU ``cpu`` (probed the same way), else ``masked``. The order is the H200 measurements' (issue #29, per 8192-query
-  chunk, 16 heads, qk 192, v 128: prefix 0: cuDNN 0.77 ms, flash 1.64, old path 4.03; prefix
-  180k: 47.6 / 56.8 / 69.4); ``phases.backend.prefill_attention_bench`` re-measures every method.
+  ``masked``; on CPU ``cpu`` (probed the same way), else ``masked``. The order is the issue's
+  H200 measurements' (per 8192-query chunk, 16 heads, qk 192, v 128: prefix 0: cuDNN 0.77 ms,
+  flash 1.64, old path 4.03; prefix 180k: 47.6 / 56.8 / 69.4);
+  ``phases.backend.prefill_attention_bench`` re-measures every method.
 - A chosen method that raises later (a shape the probe did not cover; not out-of-memory) is
   dropped for that key with a warning and the call re-run with the next method.
 - cuDNN builds an execution plan per new shape (s_q, s_kv): a prefill's chunks are at fixed
@@ -49,7 +50,7 @@ Decisions:
   cuDNN reuse one. The bench reports each method's first call apart from its median.
 - Query slices of ``QUERY_SLICE`` (65536): no [n, L] tensor exists, so memory is O(n d) per
   slice (the float32 partials and their merge); the engine's default 32768-token chunk is one
-  call per request and layer (one cuDNN plan per chunk).
+  call per request and layer (one new cuDNN plan per chunk: the causal part's square repeats).
 - Float32 merge (float64 for float64 inputs): out = o1 exp(lse1 - lse) + o2 exp(lse2 - lse),
   lse = logaddexp(lse1, lse2); the partials are rounded to q's dtype by their kernels, so a bf16
   result rounds twice where one fused call rounds once (the tests bound the error against the
