@@ -205,10 +205,10 @@ def table(result: dict) -> str:
                              f"{r['frac_bf16_mm']:.2f} | {_f(r['err_vs_masked'], '.2f')} | {'yes' if r['exact'] else 'NO'} | {speed} |")
     if result["ttft"]:
         lines += ["", "End to end: first token of a random prompt on random dsv3-tp8 (kernel backend)", "",
-                  "| tokens | chunk | method | first run s | second run s | error |", "|---|---|---|---|---|---|"]
+                  "| tokens | chunk | method | first run s | second run s | first token | error |", "|---|---|---|---|---|---|---|"]
         for r in result["ttft"]:
             lines.append(f"| {r['tokens']} | {r['chunk']} | {r['method']} ({r['requested']}) | {r['first_s']:.2f} | "
-                         f"{r['second_s']:.2f} | {r['error'] or ''} |")
+                         f"{r['second_s']:.2f} | {r['first_token']} | {r['error'] or ''} |")
     return "\n".join(lines)
 
 
