@@ -17,8 +17,15 @@ W_UV. Extend takes the non-absorbed query and returns per-head values [N, H, v_h
 
 Decisions:
 - Both backends share one prefill implementation (non-absorbed MLA through
-  ``F.scaled_dot_product_attention``), so a comparison between them changes only the decode
-  and verify attention, the part the kernel replaces.
+  ``serving.engine.prefill_attention``: cuDNN, flash or memory-efficient attention with the
+  causal mask computed in the kernel, chosen per device), so a comparison between them changes
+  only the decode and verify attention, the part the kernel replaces.
+- Prefill re-expands every cached row of the request through ``kv_b_proj`` for each chunk and
+  layer (K and V of the whole prefix, not only the chunk's): keeping them instead would take
+  layers x L x H x (qk + v) elements (115 GB for ``dsv3-tp8`` at 185k tokens), and the absorbed
+  form that needs no expansion costs (576 + 512) / (192 + 128) = 3.4x the attention FLOPs. The
+  expansion is 2 L r H (nope + v) FLOPs against the attention's 2 n L H (qk + v), a ratio of
+  r (nope + v) / (n (qk + v)): 5% at 8192-token chunks, 1.3% at the default 32768.
 - The kernel needs bf16/fp16 rows, so the kernel backend refuses a pool of another dtype; q
   is cast to the pool's dtype and the output back to the model's.
 """
@@ -26,25 +33,25 @@ Decisions:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernel import MLAVerifyWrapper
 from serving.engine.batch import ForwardBatch
 from serving.engine.dense_attention import latent_attention
 from serving.engine.kv_pool import KVPool
+from serving.engine.prefill_attention import causal_prefill
 from serving.engine.timing import IntervalTimer
-
-PREFILL_QUERY_CHUNK = 4096  # queries per SDPA call in prefill (bounds the score memory)
 
 
 class AttentionBackend:
     """Base class: the shared prefill path and the per-mode dispatch.
 
     pool: the KV pool; num_heads: H; sm_scale: the model's softmax scale (yarn mscale included).
+    prefill_method: ``prefill_attention.METHODS`` entry for prefill; None: chosen per device.
     """
 
     name = "base"
     supports_cuda_graph = False
+    prefill_method: str | None = None
 
     def __init__(self, pool: KVPool, num_heads: int, kv_lora_rank: int, sm_scale: float) -> None:
         self.pool = pool
@@ -107,25 +114,12 @@ class AttentionBackend:
             slots = batch.kv_indices[kv[b] : kv[b + 1]].long()
             rows = rows_all[slots].to(q_nope.dtype)  # [L, r + rope]
             length = rows.shape[0]
-            kv_full = (rows[:, :r] @ kv_b_proj.T).view(length, h, nope + v_head_dim)
+            kv_full = (rows[:, :r] @ kv_b_proj.T).view(length, h, nope + v_head_dim)  # every row: see the Decisions
             k_rope = rows[:, None, r:].expand(length, h, rows.shape[1] - r)
-            k = torch.cat([kv_full[..., :nope], k_rope], dim=-1).transpose(0, 1)  # [H, L, qk]
-            v = kv_full[..., nope:]
-            qk_dim = k.shape[-1]
-            if v_head_dim < qk_dim:  # equal head dims keep the fused SDPA kernels eligible
-                v = F.pad(v, (0, qk_dim - v_head_dim))
-            v = v.transpose(0, 1)  # [H, L, qk]
-            q_all = torch.cat([q_nope[qo[b] : qo[b + 1]], q_rope[qo[b] : qo[b + 1]]], dim=-1).transpose(0, 1)  # [H, T, qk]
-            t_total = q_all.shape[1]
-            for c0 in range(0, t_total, PREFILL_QUERY_CHUNK):
-                c1 = min(t_total, c0 + PREFILL_QUERY_CHUNK)
-                keys = length - t_total + c1  # keys visible to the chunk's last query
-                qpos = torch.arange(length - t_total + c0, length - t_total + c1, device=q_nope.device)
-                mask = torch.arange(keys, device=q_nope.device)[None, :] <= qpos[:, None]  # [Tc, keys]
-                o = F.scaled_dot_product_attention(
-                    q_all[None, :, c0:c1], k[None, :, :keys], v[None, :, :keys], attn_mask=mask, scale=self.sm_scale
-                )[0]
-                out[qo[b] + c0 : qo[b] + c1] = o[..., :v_head_dim].transpose(0, 1)
+            k = torch.cat([kv_full[..., :nope], k_rope], dim=-1)  # [L, H, qk]
+            q = torch.cat([q_nope[qo[b] : qo[b + 1]], q_rope[qo[b] : qo[b + 1]]], dim=-1)  # [T, H, qk]
+            causal_prefill(q.transpose(0, 1), k.transpose(0, 1), kv_full[..., nope:].transpose(0, 1), length - q.shape[0],
+                           self.sm_scale, self.prefill_method, out=out[qo[b] : qo[b + 1]].transpose(0, 1))  # v unpadded, no mask
         self.timer.stop()
         return out
 

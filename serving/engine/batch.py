@@ -140,7 +140,8 @@ class StepLayout:
     """Sizes of a step's packed fields: exact for an eager step, a bucket's for a graph.
 
     batch: entries B. tokens: rows N. tails: tail slots. mask: tree-mask elements
-    (sum T_b^2). width: T of the acceptance grid [B, width]. kv: kv_indices capacity.
+    (sum T_b^2; 0 for extend). width: T of the acceptance grid [B, width] (1 for extend).
+    kv: kv_indices capacity.
     """
 
     batch: int
@@ -152,9 +153,11 @@ class StepLayout:
 
     @staticmethod
     def exact(step: StepBatch) -> "StepLayout":
-        t = step.max_tokens
-        return StepLayout(step.batch_size, step.num_tokens, sum(len(e.tail) for e in step.entries),
-                          sum(e.num_tokens ** 2 for e in step.entries), t, sum(e.kv_len for e in step.entries))
+        tails, kv = sum(len(e.tail) for e in step.entries), sum(e.kv_len for e in step.entries)
+        if step.kind == "extend":  # prefill accepts nothing: no grid, no tree mask (B T^2 bytes a chunk otherwise)
+            return StepLayout(step.batch_size, step.num_tokens, tails, 0, 1, kv)
+        return StepLayout(step.batch_size, step.num_tokens, tails, sum(e.num_tokens ** 2 for e in step.entries),
+                          step.max_tokens, kv)
 
     def holds(self, step: StepBatch) -> bool:
         return self.covers(StepLayout.exact(step))
@@ -259,6 +262,8 @@ class PackedStep:
         valid = self.arrays["grid_valid"].reshape(-1, w)
         anc = self.arrays["grid_anc"].reshape(-1, w, w)
         parents[:] = np.arange(w)  # padded cells: their own parent, depth 0, invalid, reading row 0
+        if step.kind == "extend":  # nothing is accepted from a prefill: every cell stays padding
+            return
         if w == 1 and step.kind != "verify":  # one token per entry, no tree mask: a single cell each
             b = len(t_lens)
             grid_rows[:b, 0] = np.arange(b)
@@ -296,7 +301,8 @@ class ForwardBatch:
     kv_indices: int32 [>= total_kv], each entry's slots in position order, its new tokens last.
     tree_mask: bool [>= sum_b T_b^2] (verify) or None (causal).
     rows, prefix_lens: int64 [B]; tail_indptr int32 [B+1], tails int32: what ``kv_indices`` is built from.
-    grid_*: the acceptance grid [B, width] (rows, parents, depth, valid) and grid_anc [B, width, width].
+    grid_*: the acceptance grid [B, width] (rows, parents, depth, valid) and grid_anc [B, width, width];
+        an extend step's is [B, 1], all padding.
     max_position: the largest position (host int).
     """
 

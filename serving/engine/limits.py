@@ -14,10 +14,11 @@ and bookkeeping), each in closed form:
   * per token of a forward (the chunk's tokens in prefill; requests x (1 + drafts) in a step):
     14 hidden-wide, 4 MLP-wide and 6 head-wide (heads x max(qk_head_dim, latent_dim)) vectors
     in the model dtype, 2 hidden-wide (RMSNorm's statistics) and 8 router-wide in float32;
-  * prefill attention (one request and one layer at a time), per token of context: the gathered
-    latent rows twice, the per-head K/V expansion through ``kv_b_proj``, K and V for SDPA and a
-    contiguous copy of each, in the model dtype; and per (query, key) of a 4096-query SDPA chunk 9
-    bytes: the bool causal mask, its float conversion and one aligned copy of that;
+  * prefill attention (one request and one layer at a time, ``prefill_attention``), per token of
+    context: the gathered latent rows twice, the per-head K/V expansion through ``kv_b_proj``, K
+    and one zero-padded copy of V (the flash kernel's), in the model dtype; per query of the
+    chunk: q, a padded output, the two partial outputs and the result in the model dtype, and
+    their merge and log-sum-exps in float32;
   * a decode / verify step: float32 logits [tokens, vocab] twice, and the reference backend's
     attention (the larger of the two backends): one request's rows gathered and upcast, its
     [T, L] visibility mask and three score groups of up to ``DEFAULT_CHUNK_BYTES``;
@@ -28,9 +29,10 @@ and bookkeeping), each in closed form:
 Decisions:
 - Closed form, never per tensor: a config.json with a billion layers (or experts) is refused
   in microseconds instead of building a billion tensor names.
-- SDPA's fused kernels (flash on CPU, memory-efficient on CUDA) keep no [heads, queries, keys]
-  score tensor; a 50k-token prefill of ``tiny`` on CPU peaks at the float mask's bytes (800 MB),
-  so only the mask terms grow with queries x keys.
+- Prefill attention keeps no [queries, keys] tensor (the causal mask is computed in the kernels),
+  so no term grows with queries x keys. The masked path is not counted: it runs only where
+  every fused kernel failed its probe (with a warning), and adds 9 bytes per (query, key) of a
+  4096-query slice (its bool mask, a float conversion and an aligned copy).
 - Available: CUDA: ``torch.cuda.mem_get_info``'s free bytes; CPU: ``MemAvailable`` of
   /proc/meminfo, or less where the cgroup's limit leaves less (``os.sysconf`` without procfs).
   On CPU, device and host bytes share that one budget.
@@ -50,8 +52,6 @@ import torch
 from serving.engine.config import ModelConfig
 
 MARGIN = 0.9
-SDPA_QUERY_CHUNK = 4096  # attention.PREFILL_QUERY_CHUNK (not imported: that module pulls in the kernel)
-MASK_BYTES_PER_PAIR = 9  # bool mask + its float32 conversion + one aligned copy
 REFERENCE_SCORE_BYTES = 512 << 20  # dense_attention.SCORE_BYTES (not imported: keep this module light)
 TENSOR_BOOKKEEPING = 1024  # bytes per tensor: name, shape, tensor object
 PROMPT_TOKEN_BOOKKEEPING = 64  # bytes per prompt token: Python lists of ids (a few copies)
@@ -164,7 +164,7 @@ def estimate(
     pool_slots: int = 0,
     prompt_lens: list[int] | tuple[int, ...] = (),
     max_new_tokens: int = 0,
-    prefill_chunk: int = 8192,
+    prefill_chunk: int = 32768,
     draft_tokens: int = 0,
     random_weights: bool = False,
     keep_fp8: bool = False,
@@ -203,8 +203,9 @@ def estimate(
     chunk = min(prefill_chunk, longest)
     width_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * max(2, cfg.n_shared_experts))
     per_token = a * (14 * h + 4 * width_mlp + 6 * heads * max(cfg.qk_head_dim, latent)) + f32 * (2 * h + 8 * (cfg.n_routed_experts or 0))
-    per_context = a * (2 * latent + heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) + 4 * heads * cfg.qk_head_dim) + 12
-    prefill = chunk * per_token + longest * per_context + min(chunk, SDPA_QUERY_CHUNK) * longest * MASK_BYTES_PER_PAIR
+    per_context = a * (2 * latent + heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) + 2 * heads * cfg.qk_head_dim) + 12
+    per_query = a * heads * (2 * cfg.qk_head_dim + 3 * cfg.v_head_dim) + f32 * heads * (3 * cfg.v_head_dim + 3)
+    prefill = chunk * (per_token + per_query) + longest * per_context
     step_context = min(pool_slots, longest + max_new_tokens + 64) if prompt_lens else 0
     t = 1 + draft_tokens
     tokens = len(prompt_lens) * t

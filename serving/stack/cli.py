@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="model dtype (default bf16 on CUDA, fp32 on CPU)")
     g.add_argument("--pool-slots", type=int, default=None, help="KV pool slots (default: what the prompts need)")
-    g.add_argument("--prefill-chunk", type=int, default=8192)
+    g.add_argument("--prefill-chunk", type=int, default=32768, help="prompt tokens per prefill forward")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     g.add_argument("--eos-token-id", type=int, action="append", default=None,

@@ -57,7 +57,7 @@ class ServingConfig:
     pool_dtype: torch.dtype | None = None
     max_requests: int = 256
     max_context: int | None = None
-    prefill_chunk: int = 8192
+    prefill_chunk: int = 32768
     eos_token_ids: tuple[int, ...] = ()
     record_margins: bool = False
     profile: bool = False

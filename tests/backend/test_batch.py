@@ -97,6 +97,24 @@ def test_decode_step_has_no_tree_mask_and_the_same_slots():
     assert batch.tree_mask is None and batch.kv_indices.tolist() == [10, 11, 12, 13, 20, 21, 22, 30, 31]
 
 
+def test_an_extend_step_packs_no_grid_or_mask_so_its_bytes_grow_linearly():
+    """A prefill chunk accepts nothing: its layout has no tree mask and a one-cell grid, so the
+    packed buffer (pinned and copied to the device every chunk) holds O(T) bytes, not T^2."""
+    pool = KVPool(1, 8192, 576, torch.bfloat16, "cpu", max_requests=4, max_context=8192)
+    pool.table.add(1)
+    pool.table.append(1, [5, 6, 7])
+    t = 5000
+    step = StepBatch("extend", [StepEntry(pool.table.row(1), 3, list(range(100, 100 + t)), [1] * t, list(range(3, 3 + t)))])
+    layout = StepLayout.exact(step)
+    assert (layout.mask, layout.width, layout.tokens, layout.kv) == (0, 1, t, t + 3)
+    batch, packed = prepared(step, pool)
+    assert packed.host.numel() * packed.host.element_size() < 64 * t
+    build_on_host(batch, step, pool)
+    assert batch.tree_mask is None and batch.kv_indices.tolist() == [5, 6, 7] + list(range(100, 100 + t))
+    assert batch.positions.tolist() == list(range(3, 3 + t)) and batch.out_slots.tolist() == list(range(100, 100 + t))
+    assert not batch.fields["grid_valid"].any()
+
+
 def test_triton_kv_indices_kernel_equals_the_host_build():
     """The kernel the CUDA path captures, run under the interpreter, against the torch build,
     with entries longer than one block and a chunk count that leaves programs idle."""
