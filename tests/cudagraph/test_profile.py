@@ -302,7 +302,9 @@ def test_a_cpu_profile_of_the_tiny_preset_runs_the_whole_path(capsys, tmp_path):
     assert row["weight_GB"] * 1e9 == sp.weight_bytes(cfg, torch.float32, batch=2)
     assert row["kv_GB"] * 1e9 == sp.kv_bytes(cfg, [50, 50], torch.float32)  # 49 cached rows and the new one
     assert sum(c["kernels"] for c in row["classes"].values()) == pytest.approx(row["kernels_per_step"])
-    assert row["classes"]["GEMM"]["kernels"] > 0 and 0 < row["busy_share"] <= 1.0
+    # on a CPU the "kernels" are operators timed on the host, slower under the profiler than in
+    # the timed steps, so their busy share may pass 1: only its presence is checked here
+    assert row["classes"]["GEMM"]["kernels"] > 0 and row["busy_share"] > 0
     assert [len(o) for o in row["outputs"]] == [1 + 1 + 3 + 2] * 2
 
 
