@@ -1,5 +1,5 @@
-"""``torchrun --nproc-per-node N -m serving generate ...``: every rank runs the same generation
-over its shards; rank 0 prints.
+"""``torchrun --nproc-per-node N -m serving generate ...`` (or ``profile``): every rank runs the
+same generation over its shards; rank 0 prints.
 
 Decisions:
 - Every rank runs the whole engine (scheduling, drafting, acceptance) on replicated state and
@@ -79,9 +79,15 @@ def device_type(requested: str | None) -> str:
     return kind
 
 
-def run_on_ranks(args, generate: Callable[..., dict]) -> dict | None:
+def generated_tokens(result: dict) -> list[int]:
+    """The tokens of a ``generate`` result, every request's output then -1."""
+    return [t for r in result["requests"] for t in r["output"] + [-1]]
+
+
+def run_on_ranks(args, generate: Callable[..., dict], tokens: Callable[[dict], list[int]] = generated_tokens) -> dict | None:
     """Join torchrun's process group and run ``generate(args, tp)`` on every rank.
 
+    ``tokens``: what the ranks must agree on in the result (compared across them at the end).
     Returns the result on rank 0 and None on the others; on a failure, prints it (see the
     module docstring) and raises SystemExit with a non-zero code on every rank.
     """
@@ -93,8 +99,7 @@ def run_on_ranks(args, generate: Callable[..., dict]) -> dict | None:
     code = 0
     try:
         result = generate(args, tp)
-        outputs = [t for r in result["requests"] for t in r["output"] + [-1]]
-        tp.assert_same(outputs, "the generated tokens")
+        tp.assert_same(tokens(result), "the generated tokens")
         result["tensor_parallel"] = tp.size
     except (RankFailed, LockstepError) as exc:  # raised on every rank at the same point
         if tp.rank == 0:

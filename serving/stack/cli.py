@@ -1,26 +1,33 @@
-"""``python -m serving generate``: greedy generation from a model folder or a seeded random model.
+"""``python -m serving generate``: greedy generation from a model folder or a seeded random model;
+``python -m serving profile``: where a replayed decode step's time goes, against its streaming limit.
 
 Example::
 
     python -m serving generate --random-model tiny --prompt 1,2,3 --max-new-tokens 16 --speculate tree:4x4
     python -m serving generate --random-model gpu-h16 --random-prompt 131072 --max-new-tokens 64 --backend kernel
+    python -m serving profile --random-model dsv3-tp8 --random-prompt 65536 --out prof.json
 
-Prints the tokens, decode tokens/s, accepted drafts per step and attention's share of a step.
-Generation stops at the model's end-of-sequence ids (``generation_config.json`` or
+``generate`` prints the tokens, decode tokens/s, accepted drafts per step and attention's share
+of a step. Generation stops at the model's end-of-sequence ids (``generation_config.json`` or
 ``config.json``, as transformers' ``generate``) unless ``--ignore-eos``.
+``profile`` decodes ``--batch-size`` requests of a ``--random-prompt``-token context (random
+latent rows, or ``--prefill``), times engine steps and the captured graph, traces a few steps
+with torch.profiler and prints the step against its streaming limit and the kernels by class
+(``serving.stack.profile``), a Markdown table last; ``--out`` writes the same as JSON.
 Under ``torchrun --nproc-per-node N`` the model runs tensor-parallel over N ranks
 (``serving.engine.tp_launch``); rank 0 prints.
 
-Exit codes: 0 when every request finished; 2 for a usage or input error (bad flag value, config,
-checkpoint, prompt, or more memory than the device has), reported before anything is
-allocated; 1 when a request failed while running (e.g. the KV pool ran out). Each error is one
-``error: ...`` line on stderr.
+Exit codes: 0 when every request finished (profile: when the profile ran); 2 for a usage or
+input error (bad flag value, config, checkpoint, prompt, output path, or more memory than the
+device has), reported before anything is allocated; 1 when a request failed while running
+(e.g. the KV pool ran out). Each error is one ``error: ...`` line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,11 +42,12 @@ from serving.engine.parallel import TensorParallel, launched_by_torchrun
 from serving.engine.random_models import PRESETS, preset_config, random_model
 from serving.engine.sharded_weights import load_sharded_weights
 from serving.engine.sharding import rank_config
-from serving.engine.tp_launch import run_on_ranks
+from serving.engine.tp_launch import generated_tokens, run_on_ranks
 from serving.engine.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
 from serving.engine.weights import load_weights, served_config
 from serving.defrag.cli import defrag_line
 from serving.graphs import DEFAULT_BATCH_SIZES
+from serving.stack import profile as step_profile
 from serving.stack.build import build_engine
 from serving.stack.config import ServingConfig
 
@@ -104,6 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: on with the kernel backend on CUDA)")
     g.add_argument("--graph-batch-sizes", default=None, help="comma-separated batch sizes to capture (default 1,2,4,...,256)")
     g.add_argument("--no-defrag", action="store_true", help="measure KV fragmentation but never compact (serving.defrag)")
+    p = sub.add_parser("profile", help="where a replayed decode step's time goes, against its streaming limit")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="Hugging Face folder: config.json + *.safetensors")
+    src.add_argument("--random-model", choices=sorted(PRESETS), help="seeded random model preset")
+    p.add_argument("--random-prompt", type=int, default=4096, help="context tokens of each request (default 4096)")
+    p.add_argument("--batch-size", type=int, default=1, help="requests decoded together (default 1)")
+    p.add_argument("--steps", type=int, default=20, help="engine steps timed (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="engine steps before the timed ones (default 3)")
+    p.add_argument("--trace-steps", type=int, default=5, help="engine steps traced by torch.profiler (default 5)")
+    p.add_argument("--prefill", action="store_true",
+                   help="prefill the prompt and report its time to first token (default: random latent rows)")
+    p.add_argument("--prefill-chunk", type=int, default=32768, help="prompt tokens per prefill forward")
+    p.add_argument("--copy-mib", type=int, default=step_profile.COPY_BYTES >> 20,
+                   help="MiB per buffer of the copy that measures the bandwidth (default 1024: past the L2)")
+    p.add_argument("--backend", choices=["kernel", "reference"], default=None, help="default: kernel on CUDA, reference on CPU")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="model dtype (default bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay the decode steps from CUDA graphs (default: on with the kernel backend on CUDA)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the result as JSON to this file")
     return parser
 
 
@@ -155,6 +184,31 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError("Expected either --eos-token-id or --ignore-eos, got both")
 
 
+def engine_options(args: argparse.Namespace, device: torch.device) -> tuple[torch.dtype, str, bool]:
+    """(model dtype, attention backend, CUDA graphs) from ``--dtype``, ``--backend`` and
+    ``--cuda-graphs`` and their defaults on ``device``; UsageError for graphs it cannot capture."""
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    backend_name = args.backend or ("kernel" if device.type == "cuda" else "reference")
+    graphs = args.cuda_graphs if args.cuda_graphs is not None else (device.type == "cuda" and backend_name == "kernel")
+    if graphs and (device.type != "cuda" or backend_name != "kernel"):
+        raise UsageError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
+    return dtype, backend_name, graphs
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    """The config of ``--random-model`` or ``--model`` (read and checked; nothing loaded)."""
+    return preset_config(args.random_model) if args.random_model else served_config(args.model, ModelConfig.from_folder(args.model))
+
+
+def load_model(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+               tp: TensorParallel | None) -> DeepseekV3Model:
+    """The ``--random-model`` drawn or the ``--model`` folder loaded (this rank's part under ``tp``)."""
+    if args.random_model:
+        return random_model(args.random_model, device, dtype, args.seed, tp=tp)
+    weights = load_weights(args.model, cfg, dtype, device) if tp is None else load_sharded_weights(args.model, cfg, dtype, device, tp)
+    return DeepseekV3Model(cfg, weights, device, dtype, tp)
+
+
 def check_prompts(prompts: list[list[int]], vocab_size: int) -> None:
     for i, prompt in enumerate(prompts):
         if not prompt:
@@ -185,12 +239,8 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     """
     device = resolve_device(args.device) if tp is None else tp.device
     check_options(args)
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    backend_name = args.backend or ("kernel" if device.type == "cuda" else "reference")
-    graphs = args.cuda_graphs if args.cuda_graphs is not None else (device.type == "cuda" and backend_name == "kernel")
-    if graphs and (device.type != "cuda" or backend_name != "kernel"):
-        raise UsageError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
-    cfg = preset_config(args.random_model) if args.random_model else served_config(args.model, ModelConfig.from_folder(args.model))
+    dtype, backend_name, graphs = engine_options(args, device)
+    cfg = model_config(args)
     eos = stop_ids(args, cfg)
     tokenizer = load_tokenizer(args.model)
     prompts = [parse_prompt(p, tokenizer) for p in args.prompt]
@@ -218,11 +268,7 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         max_context=min(context, slots), prefill_chunk=args.prefill_chunk, eos_token_ids=tuple(eos), profile=not graphs,
         cuda_graphs=graphs, graph_batch_sizes=sizes, defrag="measure" if args.no_defrag else "on",
     )  # every flag checked: nothing below is refused for a usage error before the model exists
-    if args.random_model:
-        model = random_model(args.random_model, device, dtype, args.seed, tp=tp)
-    else:
-        weights = load_weights(args.model, cfg, dtype, device) if tp is None else load_sharded_weights(args.model, cfg, dtype, device, tp)
-        model = DeepseekV3Model(cfg, weights, device, dtype, tp)
+    model = load_model(args, cfg, device, dtype, tp)
     gen = torch.Generator().manual_seed(args.seed)
     prompts += [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in args.random_prompt]
     stack = build_engine(config, model)
@@ -272,15 +318,130 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     }
 
 
+# (flag, its attribute, the smallest value it takes, what it sets): checked in this order.
+PROFILE_COUNTS = (
+    ("--random-prompt", "random_prompt", 1, "context tokens of each request"),
+    ("--batch-size", "batch_size", 1, "requests decoded together"),
+    ("--steps", "steps", 1, "engine steps timed"),
+    ("--warmup", "warmup", 0, "engine steps before the timed ones"),
+    ("--trace-steps", "trace_steps", 1, "engine steps traced"),
+    ("--prefill-chunk", "prefill_chunk", 1, "prompt tokens per prefill forward"),
+    ("--copy-mib", "copy_mib", 1, "MiB per buffer of the bandwidth copy"),
+)
+
+
+def check_out_path(path: str | None, flag: str = "--out") -> None:
+    """UsageError when ``path`` cannot be written as a file (a folder, a missing or read-only folder)."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"Expected {flag} FILE, got the folder {path!r}; name a file in it")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UsageError(f"Expected {flag} FILE in an existing folder, got {path!r} (no folder {str(folder)!r}); create it first")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"Expected {flag} FILE this user may write, got {path!r} (not writable); pick another path")
+
+
+def check_profile_options(args: argparse.Namespace) -> None:
+    """UsageError naming the first ``profile`` flag whose value cannot be used (before anything is loaded)."""
+    for flag, name, low, what in PROFILE_COUNTS:
+        value = getattr(args, name)
+        if value < low:
+            raise UsageError(f"Expected {flag} >= {low} ({what}), got {value}")
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"Expected --seed in [0, 2**63), got {args.seed}")
+    check_out_path(args.out)
+
+
+def profile(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict:
+    """``python -m serving profile``: check every flag and the memory estimate, measure the copy
+    bandwidth, then load the model, build the engine and profile its decode steps
+    (``serving.stack.profile.profile_decode``). Returns the profiled row, with the run's settings.
+
+    Raises ValueError (UsageError, ConfigError, WeightError, MemoryLimitError) before anything
+    large is allocated. ``tp``: this rank's tensor-parallel group under torchrun.
+    """
+    device = resolve_device(args.device) if tp is None else tp.device
+    check_profile_options(args)
+    dtype, backend_name, graphs = engine_options(args, device)
+    cfg = model_config(args)
+    context, batch = args.random_prompt, args.batch_size
+    growth = args.warmup + args.steps + args.trace_steps  # each step appends one row per request
+    if context + growth + 1 > cfg.max_position_embeddings:
+        raise UsageError(f"Expected --random-prompt plus the profiled steps ({context} + {growth}) below the model's "
+                         f"max_position_embeddings ({cfg.max_position_embeddings}), got {context + growth + 1}; "
+                         "lower --random-prompt or --steps")
+    pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
+    slots = batch * (context + growth + 2) + 64
+    estimated = cfg if tp is None else rank_config(cfg, tp.size)
+    limits.check(limits.estimate(
+        estimated, device, dtype, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=[context] * batch,
+        max_new_tokens=growth + 1, prefill_chunk=args.prefill_chunk, random_weights=bool(args.random_model),
+    ))
+    config = ServingConfig(
+        backend=backend_name, pool_slots=slots, pool_dtype=pool_dtype, max_requests=batch, max_context=context + growth + 2,
+        prefill_chunk=args.prefill_chunk, cuda_graphs=graphs, graph_batch_sizes=(batch,),
+    )  # every flag checked: nothing below is refused for a usage error before the model exists
+    copy_bw = step_profile.copy_bandwidth(device, args.copy_mib << 20)  # before the model: its two buffers need the room
+    model = load_model(args, cfg, device, dtype, tp)
+    stack = build_engine(config, model)
+    engine = stack.engine
+    if not args.prefill:
+        step_profile.randomize_pool(engine, args.seed)
+    requests, ttft = step_profile.start_requests(engine, batch, context, torch.Generator().manual_seed(args.seed), args.prefill)
+    row = step_profile.profile_decode(engine, requests, copy_bw, warmup=args.warmup, steps=args.steps, trace=args.trace_steps)
+    report = stack.capture_report
+    row.update({
+        "model": args.random_model or args.model,
+        "prompt_tokens": context,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "dtype": str(dtype).removeprefix("torch."),
+        "backend": backend_name,
+        "prefilled": args.prefill,
+        "ttft_s": ttft,
+        "capture_s": report.seconds if report is not None else 0.0,
+        "outputs": [r.output for r in requests],
+    })
+    step_profile.release(engine, requests)
+    return row
+
+
+def profiled_tokens(result: dict) -> list[int]:
+    """What the ranks of a tensor-parallel profile must agree on: every request's tokens."""
+    return [t for output in result["outputs"] for t in output + [-1]]
+
+
+def print_profile(args: argparse.Namespace, result: dict) -> int:
+    """Write ``--out`` and print the profile, its Markdown table last."""
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    where = result["device"] + (f" ({result['gpu']})" if result["gpu"] else "")
+    graphs = "CUDA graphs" if result["cuda_graphs"] else "eager steps"
+    print(f"{result['model']} on {where}, {result['dtype']}, backend {result['backend']}, {graphs}: B={result['batch']} at "
+          f"{result['prompt_tokens']} tokens of context: {result['tokens_per_s']:.1f} tokens/s, step {result['step_ms']:.2f} ms, "
+          f"streaming limit {result['limit_ms']:.2f} ms ({result['frac_streaming_limit']:.2f} of it) at "
+          f"{result['copy_GBps']:.0f} GB/s copy bandwidth")
+    if result["ttft_s"] is not None:
+        print(f"time to first token: {result['ttft_s']:.2f} s (prefill of {result['prompt_tokens']} tokens)")
+    print()
+    print(step_profile.top_kernels_markdown(result))
+    print(step_profile.markdown(result), end="")
+    return 0
+
+
 def _error(message: object) -> None:
     print("error: " + " ".join(str(message).split("\n")), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``generate``; returns the exit code (see the module docstring)."""
+    """Run ``generate`` or ``profile``; returns the exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
+    run, tokens, show = COMMANDS[args.command]
     try:
-        result = run_on_ranks(args, generate) if launched_by_torchrun() else generate(args)
+        result = run_on_ranks(args, run, tokens) if launched_by_torchrun() else run(args)
     except ValueError as exc:
         _error(exc)
         return EXIT_USAGE
@@ -300,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     if result is None:  # a tensor-parallel rank other than 0: rank 0 prints
         return 0
+    return show(args, result)
+
+
+def print_generate(args: argparse.Namespace, result: dict) -> int:
+    """Print a ``generate`` result; the exit code (1 when a request failed)."""
     if args.json:
         print(json.dumps(result))
     else:
@@ -320,3 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, message in failed:
         _error(f"request [{i}] failed: {message}")
     return EXIT_FAILED if failed else 0
+
+
+# command -> (what runs it, on each rank under torchrun; what the ranks must agree on; what prints it)
+COMMANDS = {"generate": (generate, generated_tokens, print_generate), "profile": (profile, profiled_tokens, print_profile)}
