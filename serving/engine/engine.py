@@ -103,7 +103,7 @@ class Engine:
     drafter: None for plain greedy decoding; prefill_chunk: prompt tokens per prefill forward
     (32768: each chunk re-expands its whole prefix through ``kv_b_proj`` and, on cuDNN, builds an
     attention plan, so fewer chunks cost less; ``limits.estimate`` puts ``dsv3-tp8`` at 185k
-    tokens at 41 GiB in all, 31 GiB with 8192-token chunks);
+    tokens at 32 GiB in all, 28 GiB with 8192-token chunks);
     eos_token_id: one id or several; a request stops after emitting any of them (kept in its output);
     record_margins: keep each emitted token's top-two logit gap (the greedy gate's tie check);
     profile: time the attention calls of eager steps (CUDA events) to report attention's share

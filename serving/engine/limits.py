@@ -11,17 +11,26 @@ and bookkeeping), each in closed form:
   (a prefill chunk's GEMM); ``kv_b_proj`` is dequantized at load and counts in the model dtype.
 - KV pool: slots x layers x latent_dim x pool dtype size.
 - activations: the larger of a prefill chunk and a decode / verify step, plus the rope tables:
-  * per token of a forward (the chunk's tokens in prefill; requests x (1 + drafts) in a step):
-    14 hidden-wide, 4 MLP-wide and 6 head-wide (heads x max(qk_head_dim, latent_dim)) vectors
-    in the model dtype, 2 hidden-wide (RMSNorm's statistics) and 8 router-wide in float32;
-  * prefill attention (one request and one layer at a time, ``prefill_attention``), per token of
-    context: the gathered latent rows twice, the per-head K/V expansion through ``kv_b_proj``, K
-    and one zero-padded copy of V (the flash kernel's), in the model dtype; per query of the
-    chunk: q, a padded output, the two partial outputs and the result in the model dtype, and
-    their merge and log-sum-exps in float32;
-  * a decode / verify step: float32 logits [tokens, vocab] twice, and the reference backend's
-    attention (the larger of the two backends): one request's rows gathered and upcast, its
-    [T, L] visibility mask and three score groups of up to ``DEFAULT_CHUNK_BYTES``;
+  * a prefill chunk (``prefill_peak``; one request, the layers one at a time): what the forward
+    holds through its layers (the step's packed fields, the rope tables gathered for the chunk,
+    the context's kv_indices; two hidden-wide vectors more with an MTP module) plus the largest
+    of a layer's three phases, each counted as if nothing it allocates were freed before it ends:
+    - attention, with forward's x and h alive: per query the projections, rope, the latent row
+      written to the pool, q, the output and o_proj's; per query of a ``QUERY_SLICE`` slice the
+      two partial outputs (padded to the wider head dim by the cpu and flash kernels), their
+      log-sum-exps and the float32 merge (``prefill_attention._merge``); per key of context its
+      slot, the gathered row, the ``kv_b_proj`` expansion, K and the zero-padded copy of V;
+    - the residual add and the norm after attention (three hidden-wide alive);
+    - the MLP, with five hidden-wide alive: gate_up, silu, the product and down; for MoE layers
+      the router's float32 scores and selection, two expert iterations' grouped rows (each at
+      most the chunk) and the shared experts;
+    norms and rope are counted unfused (the fused CUDA kernels allocate only their outputs);
+  * a decode / verify step: per token (requests x (1 + drafts)) 14 hidden-wide, 4 MLP-wide and
+    6 head-wide (heads x max(qk_head_dim, latent_dim)) vectors in the model dtype, 2 hidden-wide
+    (RMSNorm's statistics) and 8 router-wide in float32; float32 logits [tokens, vocab] twice, and
+    the reference backend's attention (the larger of the two backends): one request's rows
+    gathered and upcast, its [T, L] visibility mask and three score groups of up to
+    ``DEFAULT_CHUNK_BYTES``;
   * rope: float32 cos and sin of up to twice the longest position, old and new while grown.
 - host: a random model draws every weight in float32 first; a checkpoint is read one tensor at
   a time (its largest tensor in float64 bounds that); 1 KiB per tensor and 64 B per prompt token.
@@ -33,6 +42,16 @@ Decisions:
   so no term grows with queries x keys. The masked path is not counted: it runs only where
   every fused kernel failed its probe (with a warning), and adds 9 bytes per (query, key) of a
   4096-query slice (its bool mask, a float conversion and an aligned copy).
+- Prefill as the largest phase, not a sum: attention's context-sized and slice-sized temporaries
+  are all freed when ``forward_extend`` returns (its output alone survives), before the MLP
+  allocates, so the two never coexist. Summing them with a per-token lump of every vector a
+  layer might hold (the decode step's 14 / 4 / 6) put a 30000-token chunk of ``tiny`` (float32,
+  CPU) at 331 MB, where the profiler's live peak is 118 MB in all and the child's RSS grows
+  134-167 MB over a one-token run (glibc's retention included); by phases it is 167 MB (191 MB
+  on the device with the pool and rope tables). Within a phase nothing is
+  assumed freed early: that slack bounds the order of frees and the allocator's reuse inside a
+  phase without modelling either. The CPU flash kernel's per-thread scratch (about 0.5 MiB a
+  thread) is a workspace, left to the margin like the split workspace below.
 - Available: CUDA: ``torch.cuda.mem_get_info``'s free bytes; CPU: ``MemAvailable`` of
   /proc/meminfo, or less where the cgroup's limit leaves less (``os.sysconf`` without procfs).
   On CPU, device and host bytes share that one budget.
@@ -50,6 +69,7 @@ from pathlib import Path
 import torch
 
 from serving.engine.config import ModelConfig
+from serving.engine.prefill_attention import QUERY_SLICE
 
 MARGIN = 0.9
 REFERENCE_SCORE_BYTES = 512 << 20  # dense_attention.SCORE_BYTES (not imported: keep this module light)
@@ -155,6 +175,66 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
+def prefill_peak(cfg: ModelConfig, a: int, p: int, chunk: int, context: int) -> int:
+    """Peak activation bytes of one prefill forward of ``chunk`` queries over ``context`` keys
+    (one request; model dtype of ``a`` bytes, pool dtype of ``p``): what the forward holds
+    through its layers plus the largest of a layer's three phases (attention, the residual add
+    and norm after it, the MLP), each counting what it allocates as alive until it ends."""
+    f32, h, heads, latent, r = 4, cfg.hidden_size, cfg.num_attention_heads, cfg.latent_dim, cfg.kv_lora_rank
+    qk, v, nope, rope = cfg.qk_head_dim, cfg.v_head_dim, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+    wide = max(qk, v)  # the cpu and flash kernels' head dim: the narrower of q / k and v padded to it
+    upcast = a != f32  # .float() (and the cast back) copies only below float32
+
+    def norm(width: int) -> int:  # rms_norm unfused: (x.float()), pow, x32 * statistics, (.to(dtype)), weight *
+        return width * (2 * f32 + a + (f32 + a if upcast else 0)) + f32
+
+    t, s, n = chunk, min(chunk, QUERY_SLICE), context
+    # Through every layer: the step's packed fields (host and device copies), the rope tables gathered for
+    # the chunk, the context's kv_indices; with an MTP module its block runs with two more hidden-wide
+    # vectors alive (the target's normed output and the module's embedding).
+    held = t * (64 + a * rope + (2 * a * h if cfg.has_mtp else 0)) + 4 * n
+
+    # Attention (forward's x and h held). Per query: the projections (q's LoRA and its norm), rope (the
+    # concatenation and the rotation's four temporaries), the latent row's norm and the row written to the
+    # pool (and its cast), forward_extend's q and out, q padded where narrower, o_proj's output. Per query
+    # of a slice: the two partial outputs and their log-sum-exps, and the merge (five [H, n] float32
+    # log-sum-exps and weights, three v-wide float32 products, the partials' casts up and the result's
+    # down). Per key of context: its slot (int64), the gathered row (and its cast), the kv_b_proj
+    # expansion [H, nope + v], K, and the padded copy of V (or of K).
+    if cfg.q_lora_rank is None:
+        projections = a * (heads * qk + latent)
+    else:
+        projections = a * (cfg.q_lora_rank + latent + heads * qk) + norm(cfg.q_lora_rank)
+    row = a * latent + (p * latent if p != a else 0)
+    per_query = projections + 5 * a * (heads + 1) * rope + norm(r) + row + a * heads * (qk + v) \
+        + (a * heads * wide if qk < wide else 0) + a * h
+    merge = 5 * f32 * heads + 3 * f32 * heads * v + (2 * f32 * heads * v + a * heads * v if upcast else 0)
+    per_slice_query = 2 * (a * heads * wide + f32 * heads) + merge
+    per_key = 8 + row + a * heads * (nope + v + qk) + a * heads * wide * ((v < wide) + (qk < wide))
+    attention = t * (2 * a * h + per_query) + s * per_slice_query + n * per_key
+
+    # The residual add and the norm after attention: x, h and the attention's output held.
+    add_norm = t * (3 * a * h + a * h + norm(h))
+
+    # The MLP: forward's x and h, the block's attention output and its new x and h held (five hidden-wide).
+    # Dense: gate_up, silu, the product, down. MoE (rows grouped per expert): the router's float32 scores and
+    # the selection's masks and indices, the routed output, unique's sort, then per expert its rows (at most
+    # the chunk: their indices, gathered x, gate_up, silu, the product, down, the weight, the float32
+    # weighted y and its cast), two iterations' alive at once (names are rebound one at a time), and the
+    # shared experts' MLP and sum.
+    moe = bool(cfg.n_routed_experts) and cfg.block_layers > cfg.first_k_dense_replace
+    mlp = t * (5 * a * h + a * (4 * cfg.intermediate_size + h)) if not moe or cfg.first_k_dense_replace > 0 else 0
+    if moe:
+        e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        route = (f32 * h if upcast else 0) + 22 * e + 32 * cfg.n_group + 12 * cfg.topk_group + 24 * k + 8
+        per_row = 16 + f32 + a * (2 * h + 4 * cfg.moe_intermediate_size) + f32 * h + (a * h if upcast else 0)
+        routed = a * h + 24 * k + 2 * k + min(2, k) * per_row
+        shared = a * (4 * cfg.moe_intermediate_size * cfg.n_shared_experts + 2 * h) if cfg.n_shared_experts else 0
+        mlp = max(mlp, t * (5 * a * h + route + routed + shared))
+    logits = 2 * f32 * cfg.vocab_size  # the prompt's last row
+    return held + max(attention, add_norm, mlp) + logits
+
+
 def estimate(
     cfg: ModelConfig,
     device: torch.device | str,
@@ -201,11 +281,9 @@ def estimate(
 
     longest = max(prompt_lens, default=0)
     chunk = min(prefill_chunk, longest)
+    prefill = prefill_peak(cfg, a, _size(pool_dtype), chunk, longest) if prompt_lens else 0
     width_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * max(2, cfg.n_shared_experts))
     per_token = a * (14 * h + 4 * width_mlp + 6 * heads * max(cfg.qk_head_dim, latent)) + f32 * (2 * h + 8 * (cfg.n_routed_experts or 0))
-    per_context = a * (2 * latent + heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) + 2 * heads * cfg.qk_head_dim) + 12
-    per_query = a * heads * (2 * cfg.qk_head_dim + 3 * cfg.v_head_dim) + f32 * heads * (3 * cfg.v_head_dim + 3)
-    prefill = chunk * (per_token + per_query) + longest * per_context
     step_context = min(pool_slots, longest + max_new_tokens + 64) if prompt_lens else 0
     t = 1 + draft_tokens
     tokens = len(prompt_lens) * t

@@ -111,7 +111,7 @@ def test_refusal_message_has_the_numbers_and_a_fix():
     message = str(info.value)
     assert "90% of the 16.0 GiB free on cpu" in message and "\n" not in message
     assert "KV pool 3.6 GiB (10,004,192 slots x 2 layers x 48 x 4 B)" in message
-    assert "prefill 11.1 GiB for a 32,768-token chunk over 10,000,000 tokens of context, decode 3.8 GiB over up to 10,000,096 tokens" in message
+    assert "prefill 9.2 GiB for a 32,768-token chunk over 10,000,000 tokens of context, decode 3.8 GiB over up to 10,000,096 tokens" in message
     assert message.endswith("use a smaller --prefill-chunk, shorter prompts or fewer --max-new-tokens")
     check(estimate(cfg, "cpu", torch.float32, pool_slots=4096, prompt_lens=[64], max_new_tokens=32), device_free=16 << 30)
 
