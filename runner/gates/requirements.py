@@ -22,14 +22,13 @@ Decisions:
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from runner.gates.execute import gate_environment
 from runner.plan.schema import Phase
+from runner.records.machine import child_json
 
 # Runs in the child; prints the names it finds as one JSON list on its last stdout line.
 _FIND_SCRIPT = r"""
@@ -62,26 +61,7 @@ def find_modules(names: list[str], env: Mapping[str, str], cwd: Path, timeout_s:
     """The names in ``names`` that a child of this interpreter, run in ``cwd`` with ``env``, finds."""
     if not names:
         return frozenset()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _FIND_SCRIPT, *names],
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return frozenset()
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        return frozenset()
-    try:
-        found = json.loads(lines[-1])
-    except json.JSONDecodeError:
-        return frozenset()
+    found = child_json([sys.executable, "-c", _FIND_SCRIPT, *names], timeout_s, cwd=cwd, env=env)
     if not isinstance(found, list):
         return frozenset()
     return frozenset(name for name in found if name in names)

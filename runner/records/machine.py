@@ -191,25 +191,25 @@ def _probe(*, python: str, timeout_s: float) -> MachineInfo:
     )
 
 
-def _run_probe_script(python: str, timeout_s: float) -> dict:
+def child_json(argv: list[str], timeout_s: float, *, cwd=None, env=None):
+    """The JSON value on the last stdout line of ``argv`` run as a child (no stdin), or None when
+    it cannot start, times out, exits non-zero, prints nothing or prints no JSON there."""
     try:
-        proc = subprocess.run(
-            [python, "-c", _PROBE_SCRIPT],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        proc = subprocess.run(argv, cwd=cwd, env=None if env is None else dict(env), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.SubprocessError):
-        return {}
+        return None
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        return {}
+        return None
     try:
-        found = json.loads(lines[-1])
+        return json.loads(lines[-1])
     except json.JSONDecodeError:
-        return {}
+        return None
+
+
+def _run_probe_script(python: str, timeout_s: float) -> dict:
+    found = child_json([python, "-c", _PROBE_SCRIPT], timeout_s)
     return found if isinstance(found, dict) else {}
 
 
