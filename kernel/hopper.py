@@ -166,6 +166,11 @@ def _split_kernel(variant: Variant):
     return _mla_verify_hopper_keys_as_m_kernel if variant.keys_as_m else _mla_verify_hopper_split_kernel
 
 
+def kernel_name(variant: Variant) -> str:
+    """The name of the Gluon kernel ``variant`` launches (as profilers and ``ptxas`` show it)."""
+    return _split_kernel(variant).__name__
+
+
 def available(device: torch.device | str) -> bool:
     """Whether this path can run on ``device`` at all: Gluon importable, not Triton's CPU
     interpreter (Gluon does not run there), a CUDA device of compute capability (9, 0) (False,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernel import hopper
 from kernel.plan import (
     HeadDims,
     MLAVerifyPlan,
@@ -28,10 +29,16 @@ from kernel.plan import (
     plan_work,
     with_contiguity,
 )
-from kernel import hopper
 from kernel.staging import upload_plan
-from kernel.triton_kernels import _mla_verify_split_kernel, launch_combine
-from kernel.validation import check_dims, check_inputs, check_lengths, check_planned_inputs, check_sizes, kv_rows
+from kernel.triton_kernels import launch_combine, launch_split
+from kernel.validation import (
+    check_dims,
+    check_inputs,
+    check_lengths,
+    check_planned_inputs,
+    check_sizes,
+    kv_rows,
+)
 
 LOG2E = 1.4426950408889634
 COMBINE_SPLITS = 32  # splits merged per load in the combine kernel
@@ -186,20 +193,10 @@ def run_plan(
     if layout.max_work == 0:
         return None
     assert workspace.fits(plan), "workspace smaller than the plan"
-    causal = tree_mask is None
-    mask_arg = kv_indices if causal else tree_mask.view(torch.uint8)  # any pointer when causal
-    contiguous = {} if plan.kv_contig is None else {"KV_START": meta["kv_start"], "KV_CONTIG": meta["kv_contig"]}
-    compiled = _mla_verify_split_kernel[(layout.max_work,)](
-        q, kv, kv_indices, mask_arg, out, workspace.partial_o, workspace.partial_lse,
-        meta["counts"], meta["qo_indptr"], meta["kv_indptr"], meta["mask_offsets"],
-        meta["work_req"], meta["work_mblk"], meta["work_kv_start"],
-        meta["work_kv_end"], meta["work_full_end"], meta["work_nsplit"],
-        plan.num_heads, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
-        D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
-        BLOCK_DV=dims.block_dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, UPCAST=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **contiguous,
-    )
+    mask = None if tree_mask is None else tree_mask.view(torch.uint8)
+    compiled = launch_split(q, kv, kv_indices, mask, out, workspace.partial_o, workspace.partial_lse, meta,
+                            layout.max_work, plan.num_heads, sm_scale * LOG2E, dims, cfg, interpreting(),
+                            plan.kv_contig is not None)
     if combine and (plan.needs_combine or fixed_grid):
         launch_combine(out, workspace.partial_o, workspace.partial_lse, meta, meta["qo_indptr"], plan.num_heads,
                        layout.max_row_blocks, cfg.block_m, dims.block_dv, COMBINE_SPLITS, min(COMBINE_COLS, dims.block_dv))

@@ -146,7 +146,7 @@ def warmup(
         gen = torch.Generator(device="cpu").manual_seed(index)
         on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
         with on_device:  # the current CUDA device is per thread
-            return _probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batch, max_draft,
+            return run_probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batch, max_draft,
                           kv_index_dtype, causal, combines, gen)
 
     if device.type != "cuda":
@@ -183,7 +183,7 @@ def _drafts_per_variant(device, num_heads, max_draft, head_dim, v_head_dim, dtyp
     return [(t, shapes) for t in chosen.values()]
 
 
-def _probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batch, max_draft, index_dtype, causal,
+def run_probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_batch, max_draft, index_dtype, causal,
            combines, gen) -> Probe:
     """Plan and run one request of ``draft`` drafts through a wrapper of ``mode``; then launch the
     merge again in every other combine shape of ``combines`` (Hopper eager plans only)."""

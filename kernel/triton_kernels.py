@@ -269,7 +269,7 @@ def _mla_verify_combine_kernel(
 
 def launch_combine(
     out, partial_o, partial_lse, meta: dict, qo_indptr, num_heads: int, row_blocks: int, block_m: int,
-    partial_dv: int, splits: int, cols: int,
+    partial_dv: int, splits: int, cols: int, num_warps: int = 4,
 ) -> None:
     """Merge split partials into ``out`` [N, H, DV]: ``_mla_verify_combine_kernel`` over ``row_blocks``
     row blocks (``>= COUNTS[1]``: the extra programs exit), ``splits`` splits per load, ``cols`` output
@@ -282,5 +282,56 @@ def launch_combine(
         meta["counts"], qo_indptr, meta["mb_req"], meta["mb_mblk"], meta["mb_work_start"],
         meta["mb_nsplit"], meta["mb_stride"],
         num_heads, out.stride(0), out.stride(1),
-        DV=dv, PARTIAL_DV=partial_dv, BLOCK_M=block_m, BLOCK_S=splits, BLOCK_C=cols, num_warps=4,
+        DV=dv, PARTIAL_DV=partial_dv, BLOCK_M=block_m, BLOCK_S=splits, BLOCK_C=cols, num_warps=num_warps,
     )
+
+
+def launch_split(
+    q, kv, kv_indices, tree_mask, out, partial_o, partial_lse, meta: dict, programs: int, num_heads: int,
+    qk_scale: float, dims, config, upcast: bool, contiguous: bool,
+):
+    """Launch ``_mla_verify_split_kernel`` over ``programs`` work items; returns the compiled kernel.
+
+    q: [N, H, D]; kv: [num_slots, D]; kv_indices: int32/int64 [total_kv]; tree_mask: uint8 packed
+    masks, None for a chain (causal); out: [N, H, DV]; partial_o / partial_lse: the workspace's
+    split partials; meta: ``PlanLayout.views`` of the uploaded plan; qk_scale: sm_scale * log2(e);
+    dims: ``HeadDims``; config: ``TileConfig``; contiguous: the plan carries contiguous KV runs
+    (``meta["kv_start"]``, ``meta["kv_contig"]``)."""
+    causal = tree_mask is None
+    mask_arg = kv_indices if causal else tree_mask  # any pointer when causal
+    extra = {"KV_START": meta["kv_start"], "KV_CONTIG": meta["kv_contig"]} if contiguous else {}
+    return _mla_verify_split_kernel[(programs,)](
+        q, kv, kv_indices, mask_arg, out, partial_o, partial_lse,
+        meta["counts"], meta["qo_indptr"], meta["kv_indptr"], meta["mask_offsets"],
+        meta["work_req"], meta["work_mblk"], meta["work_kv_start"],
+        meta["work_kv_end"], meta["work_full_end"], meta["work_nsplit"],
+        num_heads, qk_scale,
+        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
+        D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
+        BLOCK_DV=dims.block_dv, BLOCK_M=config.block_m, BLOCK_N=config.block_n, CAUSAL=causal, UPCAST=upcast,
+        num_warps=config.num_warps, num_stages=config.num_stages, **extra,
+    )
+
+
+def compile_split_for_sm90(config, causal: bool, dims):
+    """``_mla_verify_split_kernel`` compiled for sm_90 without a GPU: bf16, ``config``'s block
+    sizes, warps and stages, ``dims`` (``HeadDims``); pointer and stride arguments 16-byte
+    divisible as the launches see them. Returns the compiled kernel (its ``asm`` and metadata)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = _mla_verify_split_kernel
+    pointers = {"Q": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "TREE_MASK": "*u8", "OUT": "*bf16",
+                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "COUNTS": "*i32", "QO_INDPTR": "*i32",
+                "KV_INDPTR": "*i32", "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32",
+                "W_KV_START": "*i32", "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
+    strides = {"stride_qn": "i32", "stride_qh": "i32", "stride_kv": "i32", "stride_on": "i32", "stride_oh": "i32"}
+    scalars = {"num_heads": "i32", "qk_scale": "fp32", **strides}
+    constexprs = dict(D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
+                      BLOCK_DV=dims.block_dv, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                      CAUSAL=causal, UPCAST=False)
+    signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in (*pointers, *strides)}
+    src = ASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})

@@ -9,7 +9,15 @@ import statistics
 import pytest
 
 from phases.common.engines import metrics_table
-from phases.common.samples import SAMPLES, check_count, interleaved, median, median_index, ratios, table_value
+from phases.common.samples import (
+    SAMPLES,
+    check_count,
+    interleaved,
+    median,
+    median_index,
+    ratios,
+    table_value,
+)
 from runner.plan.samples import min_samples
 from runner.records.checks import check_thresholds
 from tests.sampled_gates import SAMPLED_GATES, gate_samples, plan_gate, planted

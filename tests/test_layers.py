@@ -1,18 +1,26 @@
 """The campaign's import graph: the layers of docs/ARCHITECTURE.md, checked from the source.
 
-Layers, from the base up (a module imports only its own layer and the ones below):
+Layers, from the base up (a module imports only its own room, rooms of lower layers, and
+never a peer room of its own layer):
 
-1. ``kernel``: the kernel library;
-2. ``serving.engine``: model, pool, attention backends, drafters, the model runner, the engine;
-3. ``serving.graphs`` and ``serving.defrag``: the engine's two wings, peers that never import
-   each other;
-4. ``serving.stack`` (and ``serving.__main__``): the config and the one builder, the CLI;
-5. ``phases``: gate code. A phase imports no other phase's modules; what several phases share
+0. ``kernel``: the kernel library;
+1. ``serving.configs`` (the checkpoint's config) and ``serving.device`` (device, timers);
+2. ``serving.quant``, ``serving.kv`` and ``serving.parallel``;
+3. ``serving.attention``;
+4. ``serving.model``;
+5. ``serving.speculation``;
+6. ``serving.engine``;
+7. ``serving.graphs`` and ``serving.defrag``, the engine's two wings;
+8. ``serving.stack`` (and ``serving.__main__``) and ``serving.demo``;
+9. ``phases``: gate code. A phase imports no other phase's modules; what several phases share
    lives in ``phases.common``, which imports no phase.
 
-Also: the test oracle (``kernel.reference``) stays out of ``serving``; the serving and phase
-import graph has no cycle. Edges are read from the source (``import x`` / ``from x import y`` at
-any depth, so a lazy import in a function counts; ``if TYPE_CHECKING:`` blocks do not).
+Also: the test oracle (``kernel.reference``) stays out of ``serving``; outside ``kernel/``,
+code imports the kernel only through its public surface (``kernel``, ``kernel.bench_api`` for
+gate and benchmark code, ``kernel.reference`` for the oracle) and never a private (``_``) name;
+the serving and phase import graph has no cycle. Edges are read from the source (``import x`` /
+``from x import y`` at any depth, so a lazy import in a function counts; ``if TYPE_CHECKING:``
+blocks do not).
 """
 
 from __future__ import annotations
@@ -46,12 +54,27 @@ def group_of(module: str) -> str:
 
 # serving.demo (the demo model's trainer) sits beside the stack: it imports none of serving, and
 # the speculation gates import it.
-RANK = {"kernel": 0, "serving": 1, "serving.engine": 1, "serving.graphs": 2, "serving.defrag": 2, "serving.stack": 3,
-        "serving.demo": 3}
+RANK = {
+    "kernel": 0,
+    "serving.configs": 1, "serving.device": 1,
+    "serving.quant": 2, "serving.kv": 2, "serving.parallel": 2,
+    "serving.attention": 3,
+    "serving.model": 4,
+    "serving.speculation": 5,
+    "serving.engine": 6,
+    "serving.graphs": 7, "serving.defrag": 7,
+    "serving.stack": 8, "serving.demo": 8,
+}
+PHASES_RANK = 9
+# The kernel's public surface for code outside kernel/: the package (serving and gates), the
+# named door for gate and benchmark code that needs internals, and the oracle.
+KERNEL_SURFACE = ("kernel", "kernel.bench_api", ORACLE)
 
 
 def rank_of(group: str) -> int:
-    return RANK.get(group, 4)  # every phases.* group
+    if group.startswith("serving.") and group not in RANK:
+        raise AssertionError(f"{group} is a serving room missing from RANK: give it a layer")
+    return RANK.get(group, PHASES_RANK)  # every phases.* group
 
 
 def allowed(source: str, target: str) -> str | None:
@@ -59,6 +82,8 @@ def allowed(source: str, target: str) -> str | None:
     a, b = group_of(source), group_of(target)
     if target == ORACLE and a.startswith("serving"):
         return "the test oracle kernel.reference stays in tests and gates"
+    if b == "kernel" and a != "kernel" and target not in KERNEL_SURFACE:
+        return f"outside kernel/ only the public surface ({', '.join(KERNEL_SURFACE)}) is imported, not {target}"
     if a == b or b in ("serving", "phases"):
         return None
     if rank_of(b) > rank_of(a):
@@ -134,10 +159,20 @@ def test_serving_and_phases_have_no_import_cycle():
 @pytest.mark.parametrize("source, line, rule", [
     ("serving/graphs/runner.py", "from serving.defrag import Defragmenter", "peers"),
     ("serving/engine/engine.py", "from serving.graphs import CudaGraphs", "below"),
-    ("serving/engine/tree.py", "from kernel.reference import tree_mask_from_parents", "oracle"),
-    ("phases/backend/verify.py", "from phases.cudagraph.decode_speed import label", "peers"),
-    ("phases/common/greedy.py", "import phases.defrag.common", "peers"),
-    ("kernel/plan.py", "from serving.engine.batch import StepBatch", "below"),
+    ("serving/speculation/tree.py", "from kernel.reference import tree_mask_from_parents", "oracle"),
+    ("phases/backend/greedy.py", "from phases.cudagraph.decode_speed import label", "peers"),
+    ("phases/common/greedy.py", "import phases.defrag.stamped_pool", "peers"),
+    ("kernel/plan.py", "from serving.kv.batch import StepBatch", "below"),
+    ("serving/kv/pool.py", "from serving.parallel.group import TensorParallel", "peers"),
+    ("serving/configs/model.py", "from serving.device.timing import IntervalTimer", "peers"),
+    ("serving/device/timing.py", "from serving.configs.model import ModelConfig", "peers"),
+    ("serving/quant/fp8.py", "from serving.model.limits import estimate", "below"),
+    ("serving/attention/backends.py", "from serving.model.deepseek_v3 import DeepseekV3Model", "below"),
+    ("serving/model/deepseek_v3.py", "from serving.speculation.tree import DraftTree", "below"),
+    ("serving/speculation/drafters.py", "from serving.engine.model_runner import ModelRunner", "below"),
+    ("serving/engine/model_runner.py", "from serving.stack.config import ServingConfig", "below"),
+    ("serving/engine/engine.py", "from kernel.plan import HeadDims", "surface"),
+    ("phases/kernel/build.py", "from kernel.hopper import compile_for_sm90", "surface"),
 ])
 def test_a_planted_import_breaks_a_rule(tmp_path, source, line, rule):
     """A copy of the packages with one import planted: the check names it."""
@@ -149,3 +184,56 @@ def test_a_planted_import_breaks_a_rule(tmp_path, source, line, rule):
     target.write_text(target.read_text() + f"\n\ndef _planted():\n    {line}\n")
     found = violations(import_graph(tmp_path))
     assert len(found) == 1 and found[0].startswith(_module_name(target, tmp_path)) and rule in found[0]
+
+
+# Code outside kernel/ that may import the kernel: the packages and the tests and doc examples.
+OUTSIDE_KERNEL = ("serving", "phases", "tests", "docs")
+
+
+def private_kernel_uses(root: Path = ROOT) -> list[str]:
+    """Where code outside ``kernel/`` imports a private (``_``) name or module of the kernel, or
+    reads a private attribute off a kernel module it imported."""
+    found = []
+    for folder in OUTSIDE_KERNEL:
+        for path in sorted((root / folder).rglob("*.py")):
+            where = path.relative_to(root).as_posix()
+            tree = ast.parse(path.read_text(), where)
+            modules: set[str] = set()  # local names bound to kernel modules
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kernel":
+                    private_module = any(part.startswith("_") for part in node.module.split("."))
+                    for alias in node.names:
+                        if private_module or (alias.name.startswith("_") and not alias.name.startswith("__")):
+                            found.append(f"{where}:{node.lineno}: from {node.module} import {alias.name}")
+                        modules.add(alias.asname or alias.name)
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] == "kernel":
+                            if any(part.startswith("_") for part in alias.name.split(".")):
+                                found.append(f"{where}:{node.lineno}: import {alias.name}")
+                            modules.add(alias.asname or alias.name.split(".")[0])
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                        and node.attr.startswith("_") and not node.attr.startswith("__")):
+                    found.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_code_outside_the_kernel_uses_a_private_kernel_name():
+    assert private_kernel_uses() == []
+
+
+@pytest.mark.parametrize("source, line", [
+    ("phases/kernel/build.py", "from kernel.triton_kernels import _mla_verify_split_kernel"),
+    ("serving/attention/backends.py", "from kernel import _interpreter_compat"),
+    ("tests/kernel/test_plan.py", "from kernel.bench_api import hopper; hopper._split_kernel"),
+])
+def test_a_planted_private_kernel_use_is_caught(tmp_path, source, line):
+    import shutil
+
+    for folder in OUTSIDE_KERNEL:
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.json", "*.md"))
+    target = tmp_path / source
+    target.write_text(target.read_text() + f"\n\ndef _planted():\n    {line}\n")
+    found = private_kernel_uses(tmp_path)
+    assert len(found) == 1 and found[0].startswith(source), found

@@ -7,16 +7,12 @@ another phase's modules (``tests/test_layers.py``).
 
 from __future__ import annotations
 
-import torch
-
 from phases.common.samples import table_value
 from serving.engine.engine import Engine, Request
-from serving.engine.kv_pool import KVPool
-from serving.engine.model import DeepseekV3Model
 from serving.graphs import DEFAULT_BATCH_SIZES, CaptureReport
+from serving.kv.pool import KVPool
+from serving.model.deepseek_v3 import DeepseekV3Model
 from serving.stack import ServingConfig, build_engine
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def metrics_table(metrics: dict) -> str:
@@ -33,10 +29,6 @@ def main_with_json_args(run, doc: str) -> None:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--args", default="{}", help="JSON keyword arguments for run()")
     print(json.dumps(run(**json.loads(parser.parse_args().args)), indent=1))
-
-
-def pick_device(device: str | None) -> torch.device:
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def make_engine(model: DeepseekV3Model, pool: KVPool, backend: str, speculate: str | None, cuda_graphs: bool = False,

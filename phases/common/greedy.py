@@ -1,5 +1,5 @@
 """The greedy comparison several gates run: speculation through one backend against plain greedy
-decoding through the reference backend, on one model and pool (see ``phases.backend.verify``
+decoding through the reference backend, on one model and pool (see ``phases.backend.greedy``
 for what is counted). Phase ``backend``'s ``greedy`` gate runs it at full size; phase
 ``cudagraph``'s ``replay`` gate runs it small with graphs on.
 """
@@ -13,12 +13,13 @@ import time
 
 import torch
 
-from phases.common.engines import DTYPES, SharedContext, make_engine, pick_device
-from serving.engine.drafters import parse_speculate
+from phases.common.engines import SharedContext, make_engine
+from serving.device.select import DTYPES, pick_device
 from serving.engine.engine import Request
-from serving.engine.kv_pool import PoolExhausted
-from serving.engine.random_models import random_model
-from serving.engine.tree import MAX_VERIFY_TOKENS
+from serving.kv.pool import PoolExhausted
+from serving.model.presets import random_model
+from serving.speculation.drafters import parse_speculate
+from serving.speculation.tree import MAX_VERIFY_TOKENS
 
 RUNS = (("reference", None), ("reference", "spec"), ("kernel", "spec"))
 
@@ -56,7 +57,7 @@ def greedy_check(
     cuda_graphs: bool = False,
     gatekit=None,
 ) -> dict:
-    """Run the comparison; returns its scalar metrics (see ``phases.backend.verify``). ``cuda_graphs``:
+    """Run the comparison; returns its scalar metrics (see ``phases.backend.greedy``). ``cuda_graphs``:
     the kernel-backend run replays its steps from CUDA graphs (phase ``cudagraph``'s check).
     ``gatekit``: ``runner.gatekit`` to report progress and write the ``greedy.md`` artifact (None: neither)."""
     dev = pick_device(device)

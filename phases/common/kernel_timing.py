@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernel.mla_verify import MLAVerifyWrapper
+from kernel import MLAVerifyWrapper
 
 FLUSH_BYTES = 256 << 20  # > the H200's 50 MB L2
 

@@ -31,7 +31,9 @@ def measure_ceilings(device: torch.device | str = "cuda") -> Ceilings:
 
     Uses random data (never zeros) so the matmul's power draw is realistic.
     """
-    from triton.testing import do_bench  # GPU path only; keeps the arithmetic importable anywhere
+    from triton.testing import (
+        do_bench,  # GPU path only; keeps the arithmetic importable anywhere
+    )
 
     device = torch.device(device)
     source = torch.randn(COPY_BYTES // 2, dtype=torch.bfloat16, device=device)  # [512 Mi] bf16

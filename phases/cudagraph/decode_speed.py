@@ -37,11 +37,24 @@ import time
 
 import torch
 
-from phases.common.engines import DTYPES, main_with_json_args, make_engine, metrics_table, pick_device, SharedContext
-from phases.common.samples import SAMPLES, check_count, interleaved, median, ratios, rounded
+from phases.common.engines import (
+    SharedContext,
+    main_with_json_args,
+    make_engine,
+    metrics_table,
+)
+from phases.common.samples import (
+    SAMPLES,
+    check_count,
+    interleaved,
+    median,
+    ratios,
+    rounded,
+)
 from phases.common.timing import attention_share
-from serving.engine.random_models import random_model
-from serving.engine.tree import DraftTree
+from serving.device.select import DTYPES, pick_device
+from serving.model.presets import random_model
+from serving.speculation.tree import DraftTree
 
 try:
     from runner import gatekit

@@ -30,10 +30,17 @@ import time
 
 import torch
 
-from phases.common.engines import SharedContext, capture_report, main_with_json_args, make_engine, metrics_table, pick_device
+from phases.common.engines import (
+    SharedContext,
+    capture_report,
+    main_with_json_args,
+    make_engine,
+    metrics_table,
+)
 from phases.common.samples import SAMPLES, check_count, median, ratios, rounded
 from phases.cudagraph.decode_speed import label, timed_rounds
-from serving.engine.random_models import random_model
+from serving.device.select import pick_device
+from serving.model.presets import random_model
 
 try:
     from runner import gatekit

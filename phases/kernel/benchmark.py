@@ -66,12 +66,32 @@ from pathlib import Path
 
 import torch
 
-from runner import gatekit
-
 from kernel.reference import mla_verify_reference
-from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs, max_request_rel_err
+from phases.common.kernel_timing import bench_us, graph_replay, planned_run
+from phases.common.roofline import (
+    Ceilings,
+    measure_ceilings,
+    mla_verify_bytes,
+    mla_verify_flops,
+    roofline_time,
+)
+from phases.kernel.bench.cases import (
+    PRODUCTION_SM_SCALE,
+    Case,
+    build_inputs,
+    max_request_rel_err,
+)
 from phases.kernel.bench.fit import fit_fixed_cost, fit_table
-from phases.common.roofline import Ceilings, measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+from phases.kernel.bench.peers import (
+    DEFAULT_REPETITIONS,
+    DEFAULT_REPLAYS,
+    PeerRow,
+    load_peers,
+    measure_peers,
+    peer_shapes,
+    peers_table,
+    summarize_peers,
+)
 from phases.kernel.bench.shapes import (
     BATCH8_CONTEXTS,
     BATCH8_SHAPE,
@@ -87,17 +107,7 @@ from phases.kernel.bench.shapes import (
     context_label,
     decode_batch_shapes,
 )
-from phases.common.kernel_timing import bench_us, graph_replay, planned_run
-from phases.kernel.bench.peers import (
-    DEFAULT_REPETITIONS,
-    DEFAULT_REPLAYS,
-    PeerRow,
-    load_peers,
-    measure_peers,
-    peer_shapes,
-    peers_table,
-    summarize_peers,
-)
+from runner import gatekit
 
 ORACLE_MIN_CONTEXT = 16384
 ORACLE_MAX_BYTES = 20 << 30

@@ -27,7 +27,8 @@ def run() -> dict:
     """Compile the benchmark shapes' kernels on the current GPU and aggregate their stats."""
     if not torch.cuda.is_available():
         raise RuntimeError("The build gate needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from kernel import compile_stats, hopper
+    from kernel import compile_stats
+    from kernel.bench_api import hopper
 
     total = 2 * len(BENCH_SHAPES) if hopper.HAVE_GLUON else len(BENCH_SHAPES)
     stats = collect_stats(compile_stats, BENCH_SHAPES, on_progress=lambda done, _: gatekit.progress(done, total))
@@ -52,7 +53,7 @@ def hopper_compile_stats(num_heads: int, max_draft: int) -> list[dict]:
     """The Hopper split kernel ``hopper.choose_variant`` dispatches for (H=num_heads, T=max_draft),
     compiled for sm_90 (tree mask and causal), in ``kernel.compile_stats``'s format plus
     ``setmaxnreg`` (the per-partition register budgets)."""
-    from kernel import hopper
+    from kernel.bench_api import hopper
 
     variant = hopper.choose_variant(num_heads * max_draft)
     return [_hopper_variant_stats(variant, causal) for causal in (False, True)]
@@ -60,41 +61,22 @@ def hopper_compile_stats(num_heads: int, max_draft: int) -> list[dict]:
 
 @functools.lru_cache(maxsize=None)
 def _hopper_variant_stats(variant, causal: bool) -> dict:
-    from kernel import hopper
+    from kernel.bench_api import hopper
 
     stats = hopper.resource_stats(hopper.compile_for_sm90(causal, variant))
-    kernel = hopper._split_kernel(variant).__name__
+    kernel = hopper.kernel_name(variant)
     return {"kernel": f"{kernel}[{'causal' if causal else 'tree'}]", "config": variant.describe() + "_sm90",
             "n_regs": stats["n_regs"], "n_spills": stats["n_spills"], "shared_bytes": stats["shared_bytes"],
             "setmaxnreg": stats["setmaxnreg"]}
 
 
 def triton_compile_for_sm90(config, causal: bool, head_dim: int = 576, v_head_dim: int = 512):
-    """Compile the Triton split kernel for sm_90 without a GPU: bf16, ``config``'s block sizes,
-    warps and stages; pointer and stride arguments 16-byte divisible as the launches see them.
-    Returns the compiled kernel (read it with ``triton_sm90_stats``)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    """Compile the Triton split kernel for sm_90 without a GPU (``kernel.bench_api.compile_split_for_sm90``):
+    bf16, ``config``'s block sizes, warps and stages. Returns the compiled kernel (read it with
+    ``triton_sm90_stats``)."""
+    from kernel.bench_api import HeadDims, compile_split_for_sm90
 
-    from kernel.plan import HeadDims
-    from kernel.triton_kernels import _mla_verify_split_kernel as fn
-
-    dims = HeadDims.of(head_dim, v_head_dim)
-    pointers = {"Q": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "TREE_MASK": "*u8", "OUT": "*bf16",
-                "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "COUNTS": "*i32", "QO_INDPTR": "*i32",
-                "KV_INDPTR": "*i32", "MASK_OFFSETS": "*i32", "W_REQ": "*i32", "W_MBLK": "*i32",
-                "W_KV_START": "*i32", "W_KV_END": "*i32", "W_FULL_END": "*i32", "W_NSPLIT": "*i32"}
-    strides = {"stride_qn": "i32", "stride_qh": "i32", "stride_kv": "i32", "stride_on": "i32", "stride_oh": "i32"}
-    scalars = {"num_heads": "i32", "qk_scale": "fp32", **strides}
-    constexprs = dict(D=dims.head_dim, D_MAIN=dims.d_main, D_TAIL=dims.d_tail, DV=dims.v_head_dim,
-                      BLOCK_DV=dims.block_dv, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                      CAUSAL=causal, UPCAST=False)
-    signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in fn.arg_names}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in (*pointers, *strides)}
-    src = ASTSource(fn, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    return compile_split_for_sm90(config, causal, HeadDims.of(head_dim, v_head_dim))
 
 
 def triton_sm90_stats(config, causal: bool, head_dim: int = 576, v_head_dim: int = 512) -> dict:
@@ -102,7 +84,7 @@ def triton_sm90_stats(config, causal: bool, head_dim: int = 576, v_head_dim: int
     ``kernel``, ``config``, ``n_regs``, ``n_spills`` (spill store + load bytes; the gate's
     driver-side count is local-memory words), ``shared_bytes`` and ``mma`` ("wgmma" when the PTX
     has ``wgmma.mma_async``, "mma.sync" when it only has ``mma.sync``)."""
-    from kernel import hopper
+    from kernel.bench_api import hopper
 
     compiled = triton_compile_for_sm90(config, causal, head_dim, v_head_dim)
     stats = hopper.resource_stats(compiled)

@@ -37,7 +37,13 @@ from functools import partial
 import torch
 
 from kernel.reference import mla_verify_reference
-from phases.kernel.bench.cases import PROFILES, Case, build_inputs, fast_path_args, max_request_rel_err
+from phases.kernel.bench.cases import (
+    PROFILES,
+    Case,
+    build_inputs,
+    fast_path_args,
+    max_request_rel_err,
+)
 from runner import gatekit
 
 GUARD_ELEMENTS = 4096  # NaN-poisoned elements after `out` that the kernel must leave alone
@@ -119,7 +125,8 @@ def kernel_paths(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]
     """The kernel paths to check on ``device``: the Triton path always, the Hopper path where it
     can run (an sm_90 device with Gluon, outside Triton's interpreter)."""
     # Imported here, not at the top: the kernel reads TRITON_INTERPRET when it is imported.
-    from kernel import hopper, mla_verify_attention
+    from kernel import mla_verify_attention
+    from kernel.bench_api import hopper
 
     paths = {"triton": partial(mla_verify_attention, backend="triton")}
     if hopper.available(device):

@@ -11,7 +11,7 @@ the fewest row moves that make requests contiguous, apply them between engine st
 from serving.defrag.executor import Compaction
 from serving.defrag.measure import PoolFragmentation, RunTracker, measure, measure_pool
 from serving.defrag.planner import MovePlan, plan_compaction, simulate
-from serving.defrag.policy import DefragPolicy, Defragmenter
+from serving.defrag.policy import Defragmenter, DefragPolicy
 
 __all__ = [
     "Compaction",

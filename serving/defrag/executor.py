@@ -39,8 +39,8 @@ import triton
 import triton.language as tl
 
 from serving.defrag.planner import MovePlan, split_waves
-from serving.engine.kv_pool import KVPool
-from serving.engine.capture_guard import collected_before_capture
+from serving.device.capture_guard import collected_before_capture
+from serving.kv.pool import KVPool
 
 ROW_WORDS_PER_PROGRAM = 4096  # 32-bit words one program copies per layer (16 KB)
 

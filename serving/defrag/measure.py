@@ -133,7 +133,7 @@ def measure(requests: dict[int, Sequence[int]], free: Iterable[int]) -> PoolFrag
 
 
 def measure_pool(pool) -> PoolFragmentation:
-    """``measure`` over a ``serving.engine.kv_pool.KVPool``'s slot table and free slots
+    """``measure`` over a ``serving.kv.pool.KVPool``'s slot table and free slots
     (O(live + free slots): for reports, not every step; ``RunTracker`` is the per-step one)."""
     table = pool.table
     return measure({r: table.slots(r) for r in table.requests()}, np.flatnonzero(pool.allocator.free_mask()))

@@ -38,7 +38,7 @@ import numpy as np
 from serving.defrag.executor import Compaction, RowMover, warm_up_copy
 from serving.defrag.measure import RunTracker, measure_pool
 from serving.defrag.planner import MovePlan, plan_compaction
-from serving.engine.kv_pool import KVPool
+from serving.kv.pool import KVPool
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,10 @@ class MTPModule(nn.Module):
     """DeepSeek's MTP module around transformers' own decoder block (the names it is saved under)."""
 
     def __init__(self, cfg) -> None:
-        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+            DeepseekV3DecoderLayer,
+            DeepseekV3RMSNorm,
+        )
 
         super().__init__()
         h = cfg.hidden_size

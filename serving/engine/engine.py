@@ -22,16 +22,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-
-from serving.engine.accept import bf16_resolution
-from serving.engine.attention import AttentionBackend
-from serving.engine.batch import StepBatch, StepEntry
-from serving.engine.drafters import DraftContext, Drafter, fused_topk
-from serving.engine.kv_pool import KVPool, PoolExhausted, TableFull
-from serving.engine.model import DeepseekV3Model
+from serving.attention.backends import AttentionBackend
+from serving.device.timing import synchronize
 from serving.engine.model_runner import ModelRunner
-from serving.engine.timing import synchronize
-from serving.engine.tree import DraftTree
+from serving.kv.batch import StepBatch, StepEntry
+from serving.kv.pool import KVPool, PoolExhausted, TableFull
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.speculation.accept import bf16_resolution
+from serving.speculation.drafters import DraftContext, Drafter, fused_topk
+from serving.speculation.tree import DraftTree
 
 _REQUEST_IDS = itertools.count(1)  # unique across engines, which may share one pool
 
@@ -130,7 +129,7 @@ class Engine:
         self.profile = profile
         self.stats = StepStats()
         self.between_steps = tuple(between_steps)
-        # The MTP drafter's first level rides on the target's steps (serving.engine.mtp).
+        # The MTP drafter's first level rides on the target's steps (serving.speculation.mtp).
         self.mtp_topk = fused_topk(drafter)
         if self.mtp_topk and runner.mtp is None:  # an engine built by hand, past serving.stack's check
             raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers >= 1) for an mtp: drafter, got one without")

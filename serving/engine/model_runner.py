@@ -31,30 +31,21 @@ from typing import Protocol
 
 import torch
 
-from serving.engine.accept import greedy_accept, row_outputs, write_accepted_slots
-from serving.engine.attention import AttentionBackend
-from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout, forward_batch
-from serving.engine.kv_indices import build_kv_indices
-from serving.engine.kv_pool import KVPool
-from serving.engine.model import DeepseekV3Model
-from serving.engine.mtp import MTPState
-from serving.engine.tree import MAX_VERIFY_TOKENS
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What a step computes besides the forward (fixed for a captured graph)."""
-
-    kind: str
-    num_layers: int | None
-    width: int
-    topk: int
-    accept: bool
-    mtp: str = ""  # StepBatch.mtp; with "after", topk counts the MTP module's tokens per entry
-
-    @staticmethod
-    def of(step: StepBatch, width: int | None = None) -> "StepShape":
-        return StepShape(step.kind, step.num_layers, width or step.max_tokens, step.topk, step.accept, step.mtp)
+from serving.attention.backends import AttentionBackend
+from serving.kv.batch import (
+    ForwardBatch,
+    PackedStep,
+    StepBatch,
+    StepLayout,
+    StepShape,
+    forward_batch,
+)
+from serving.kv.indices import build_kv_indices
+from serving.kv.pool import KVPool
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.speculation.accept import greedy_accept, row_outputs, write_accepted_slots
+from serving.speculation.mtp import MTPState
+from serving.speculation.tree import MAX_VERIFY_TOKENS
 
 
 @dataclass
@@ -161,7 +152,7 @@ class ModelRunner:
         self.model, self.pool, self.backend = model, pool, backend
         self.device = model.device
         self.graphs: StepReplay | None = None
-        # The MTP module's state between steps (serving.engine.mtp); None without the module.
+        # The MTP module's state between steps (serving.speculation.mtp); None without the module.
         self.mtp = MTPState(pool.table.rows.shape[0], model.cfg.hidden_size, model.dtype, model.device) if model.has_mtp else None
         # Tables for every position a request can reach, once: a captured step cannot grow them.
         model.rope.ensure(pool.table.max_context + MAX_VERIFY_TOKENS)

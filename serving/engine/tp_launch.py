@@ -6,7 +6,7 @@ Decisions:
   gets the same logits from the collectives, so every host decision is the same without being
   sent anywhere. ``LockstepRunner`` checks that with one small collective per step when
   ``TensorParallel.check_steps`` is on; the outputs of the run are always compared at the end.
-- Failures (see ``serving.engine.parallel``): an error raised on every rank at an agreement
+- Failures (see ``serving.parallel.group``): an error raised on every rank at an agreement
   point (``RankFailed``) or a divergence (``LockstepError``) is printed once, by rank 0, and
   every rank exits non-zero; any other error may be this rank's alone, in the middle of the
   forward's collectives, so the rank prints it with its rank, aborts its process group and
@@ -22,12 +22,17 @@ from collections.abc import Callable
 
 import torch
 
-from serving.engine.attention import AttentionBackend
-from serving.engine.batch import StepBatch
-from serving.engine.kv_pool import KVPool
-from serving.engine.model import DeepseekV3Model
+from serving.attention.backends import AttentionBackend
 from serving.engine.model_runner import ModelRunner, StepResult
-from serving.engine.parallel import LockstepError, RankFailed, TensorParallel, init_from_env
+from serving.kv.batch import StepBatch
+from serving.kv.pool import KVPool
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.parallel.group import (
+    LockstepError,
+    RankFailed,
+    TensorParallel,
+    init_from_env,
+)
 
 
 def step_tokens(result: StepResult) -> list[int]:

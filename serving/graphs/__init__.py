@@ -7,7 +7,12 @@ padding), tested on the CPU. ``CudaGraphs`` is the replay factory a ``ModelRunne
 with (``serving.stack`` does that); the runner owns what it captures.
 """
 
-from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, StepFamily, families_for
+from serving.graphs.buckets import (
+           DEFAULT_BATCH_SIZES,
+           GraphKey,
+           StepFamily,
+           families_for,
+)
 from serving.graphs.runner import CaptureReport, CudaGraphRunner, CudaGraphs
 
 __all__ = ["DEFAULT_BATCH_SIZES", "GraphKey", "StepFamily", "families_for", "CaptureReport", "CudaGraphRunner",

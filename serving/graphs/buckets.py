@@ -4,7 +4,7 @@ A *family* is a kind of step an engine issues, with what it computes fixed (``St
 the target's decode step, its verify step of at most ``width`` tokens per entry, and a
 layer-skip drafter's two step kinds. A *key* is a family at one bucket batch size: one graph.
 A step runs on the smallest captured bucket of its family that holds it, padded (see
-``serving.engine.batch``); a step no bucket holds runs eagerly.
+``serving.kv.batch``); a step no bucket holds runs eagerly.
 
 Decisions:
 - Buckets are batch sizes (SGLang's ``cuda_graph_bs``: 1, 2, 4, ..., 256 by default); the
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.engine.batch import StepBatch, StepEntry, StepLayout
-from serving.engine.drafters import Drafter, fused_topk
-from serving.engine.model_runner import StepShape
-from serving.engine.tree import MAX_VERIFY_TOKENS
+from serving.kv.batch import StepBatch, StepEntry, StepLayout, StepShape
+from serving.speculation.drafters import Drafter, fused_topk
+from serving.speculation.tree import MAX_VERIFY_TOKENS
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

@@ -31,11 +31,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.engine.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
-from serving.engine.drafters import Drafter
+from serving.device.capture_guard import collected_before_capture
 from serving.engine.model_runner import ModelRunner, StepResult, unpack_outputs
-from serving.graphs.buckets import DEFAULT_BATCH_SIZES, GraphKey, families_for, key_for, keys_for, placeholder_step
-from serving.engine.capture_guard import collected_before_capture
+from serving.graphs.buckets import (
+    DEFAULT_BATCH_SIZES,
+    GraphKey,
+    families_for,
+    key_for,
+    keys_for,
+    placeholder_step,
+)
+from serving.kv.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
+from serving.speculation.drafters import Drafter
 
 
 @dataclass

@@ -6,7 +6,13 @@ command line (``serving.stack.cli``, ``python -m serving``), every gate and ever
 build their engines here.
 """
 
-from serving.stack.build import ServingStack, build_backend, build_drafter, build_engine, build_pool
+from serving.stack.build import (
+    ServingStack,
+    build_backend,
+    build_drafter,
+    build_engine,
+    build_pool,
+)
 from serving.stack.config import ServingConfig
 
 __all__ = ["ServingConfig", "ServingStack", "build_backend", "build_drafter", "build_engine", "build_pool"]

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 
 import torch
 
+from serving.attention.backends import AttentionBackend, KernelBackend, ReferenceBackend
 from serving.defrag import Defragmenter
-from serving.engine.attention import AttentionBackend, KernelBackend, ReferenceBackend
-from serving.engine.drafters import Drafter, check_drafter, parse_speculate
 from serving.engine.engine import Engine
-from serving.engine.kv_pool import KVPool
-from serving.engine.model import DeepseekV3Model
 from serving.engine.model_runner import ModelRunner
 from serving.engine.tp_launch import LockstepRunner
 from serving.graphs import CaptureReport, CudaGraphs
+from serving.kv.pool import KVPool
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.speculation.drafters import Drafter, check_drafter, parse_speculate
 from serving.stack.config import ServingConfig
 
 

@@ -34,56 +34,22 @@ from pathlib import Path
 
 import torch
 
-from serving.engine import limits
-from serving.engine.config import ModelConfig, eos_token_ids
-from serving.engine.drafters import check_drafter, parse_speculate
-from serving.engine.model import DeepseekV3Model
-from serving.engine.parallel import TensorParallel, launched_by_torchrun
-from serving.engine.random_models import PRESETS, preset_config, random_model
-from serving.engine.sharded_weights import load_sharded_weights
-from serving.engine.sharding import rank_config
-from serving.engine.tp_launch import generated_tokens, run_on_ranks
-from serving.engine.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
-from serving.engine.weights import load_weights, served_config
+from serving.configs.model import ModelConfig, eos_token_ids
 from serving.defrag.cli import defrag_line
+from serving.device.select import DTYPES, default_dtype, resolve_device
+from serving.engine.tp_launch import generated_tokens, run_on_ranks
 from serving.graphs import DEFAULT_BATCH_SIZES
+from serving.model.loading import check_memory, load_model, model_config
+from serving.model.presets import PRESETS
+from serving.parallel.group import TensorParallel, launched_by_torchrun
+from serving.speculation.drafters import check_drafter, parse_speculate
+from serving.speculation.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
 from serving.stack import profile as step_profile
 from serving.stack.build import build_engine
 from serving.stack.config import ServingConfig
+from serving.stack.prompts import check_prompts, load_tokenizer, parse_prompt
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
-
-
-class UsageError(ValueError):
-    """A command-line value the engine cannot use."""
-
-
-def load_tokenizer(folder: str | None):
-    """The folder's ``tokenizer.json`` (a ``tokenizers.Tokenizer``), None when it has none."""
-    tok_file = Path(folder or "") / "tokenizer.json"
-    if folder is None or not tok_file.is_file():
-        return None
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:  # optional dependency
-        raise UsageError(f"Expected the 'tokenizers' package for {tok_file}, got none installed") from exc
-    try:
-        return Tokenizer.from_file(str(tok_file))
-    except Exception as exc:  # the Rust library raises its own exception types
-        raise UsageError(f"Expected a valid tokenizer in {tok_file}, got: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
-
-
-def parse_prompt(text: str, tokenizer) -> list[int]:
-    """Comma- or space-separated token ids, else text through the folder's tokenizer."""
-    parts = text.replace(",", " ").split()
-    if not parts:
-        raise UsageError(f"Expected a non-empty --prompt (token ids like '1,2,3', or text), got {text!r}")
-    if all(p.isdigit() for p in parts):
-        return [int(p) for p in parts]
-    if tokenizer is None:
-        raise UsageError(f"Expected token ids like '1,2,3' (no tokenizer.json for text), got {text!r}")
-    return tokenizer.encode(text).ids
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,78 +110,36 @@ def graph_batch_sizes(text: str | None, entries: int) -> tuple[int, ...]:
         return tuple(b for b in DEFAULT_BATCH_SIZES if b < entries) + tuple(fits[:1])
     parts = text.replace(",", " ").split()
     if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise UsageError(f"Expected --graph-batch-sizes as positive integers like '1,2,4,8', got {text!r}")
+        raise ValueError(f"Expected --graph-batch-sizes as positive integers like '1,2,4,8', got {text!r}")
     return tuple(sorted({int(p) for p in parts}))
 
 
-def resolve_device(name: str | None) -> torch.device:
-    """``--device`` as a torch.device (default: cuda when available); UsageError for one that is not here."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise UsageError(f"Expected --device cpu, cuda or cuda:N, got {name!r}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            why = f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise UsageError(f"Expected a CUDA GPU for --device {name}, got none ({why}); use --device cpu")
-        if (device.index or 0) >= torch.cuda.device_count():
-            raise UsageError(f"Expected --device cuda:N with N < {torch.cuda.device_count()}, got {name!r}")
-    return device
-
-
 def check_options(args: argparse.Namespace) -> None:
-    """UsageError naming the first flag whose value the engine cannot use (before anything is loaded)."""
+    """ValueError naming the first flag whose value the engine cannot use (before anything is loaded)."""
     if args.max_new_tokens < 1:
-        raise UsageError(f"Expected --max-new-tokens >= 1, got {args.max_new_tokens}")
+        raise ValueError(f"Expected --max-new-tokens >= 1, got {args.max_new_tokens}")
     if args.prefill_chunk < 1:
-        raise UsageError(f"Expected --prefill-chunk >= 1 (prompt tokens per prefill forward), got {args.prefill_chunk}")
+        raise ValueError(f"Expected --prefill-chunk >= 1 (prompt tokens per prefill forward), got {args.prefill_chunk}")
     bad = next((n for n in args.random_prompt if n < 1), None)
     if bad is not None:
-        raise UsageError(f"Expected --random-prompt N with N >= 1 tokens, got {bad}")
+        raise ValueError(f"Expected --random-prompt N with N >= 1 tokens, got {bad}")
     if args.pool_slots is not None and args.pool_slots < 2:
-        raise UsageError(f"Expected --pool-slots >= 2 (slot 0 is reserved), got {args.pool_slots}")
+        raise ValueError(f"Expected --pool-slots >= 2 (slot 0 is reserved), got {args.pool_slots}")
     if not 0 <= args.seed < 2**63:
-        raise UsageError(f"Expected --seed in [0, 2**63), got {args.seed}")
+        raise ValueError(f"Expected --seed in [0, 2**63), got {args.seed}")
     if args.ignore_eos and args.eos_token_id:
-        raise UsageError("Expected either --eos-token-id or --ignore-eos, got both")
+        raise ValueError("Expected either --eos-token-id or --ignore-eos, got both")
 
 
 def engine_options(args: argparse.Namespace, device: torch.device) -> tuple[torch.dtype, str, bool]:
     """(model dtype, attention backend, CUDA graphs) from ``--dtype``, ``--backend`` and
-    ``--cuda-graphs`` and their defaults on ``device``; UsageError for graphs it cannot capture."""
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    ``--cuda-graphs`` and their defaults on ``device``; ValueError for graphs it cannot capture."""
+    dtype = DTYPES[args.dtype] if args.dtype else default_dtype(device)
     backend_name = args.backend or ("kernel" if device.type == "cuda" else "reference")
     graphs = args.cuda_graphs if args.cuda_graphs is not None else (device.type == "cuda" and backend_name == "kernel")
     if graphs and (device.type != "cuda" or backend_name != "kernel"):
-        raise UsageError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
+        raise ValueError(f"Expected --cuda-graphs with the kernel backend on a CUDA device, got backend {backend_name} on {device}")
     return dtype, backend_name, graphs
-
-
-def model_config(args: argparse.Namespace) -> ModelConfig:
-    """The config of ``--random-model`` or ``--model`` (read and checked; nothing loaded)."""
-    return preset_config(args.random_model) if args.random_model else served_config(args.model, ModelConfig.from_folder(args.model))
-
-
-def load_model(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-               tp: TensorParallel | None) -> DeepseekV3Model:
-    """The ``--random-model`` drawn or the ``--model`` folder loaded (this rank's part under ``tp``)."""
-    if args.random_model:
-        return random_model(args.random_model, device, dtype, args.seed, tp=tp)
-    weights = load_weights(args.model, cfg, dtype, device) if tp is None else load_sharded_weights(args.model, cfg, dtype, device, tp)
-    return DeepseekV3Model(cfg, weights, device, dtype, tp)
-
-
-def check_prompts(prompts: list[list[int]], vocab_size: int) -> None:
-    for i, prompt in enumerate(prompts):
-        if not prompt:
-            raise UsageError(f"Expected prompt [{i}] to have at least one token, got none")
-        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise UsageError(f"Expected token ids in [0, {vocab_size}) (the model's vocab_size), got {bad} in prompt [{i}]")
 
 
 def stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> tuple[int, ...]:
@@ -225,7 +149,7 @@ def stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> tuple[int, ...]:
     if args.eos_token_id:
         bad = next((t for t in args.eos_token_id if not 0 <= t < cfg.vocab_size), None)
         if bad is not None:
-            raise UsageError(f"Expected --eos-token-id in [0, {cfg.vocab_size}) (the model's vocab_size), got {bad}")
+            raise ValueError(f"Expected --eos-token-id in [0, {cfg.vocab_size}) (the model's vocab_size), got {bad}")
         return tuple(args.eos_token_id)
     return eos_token_ids(args.model, cfg.vocab_size) if args.model else ()
 
@@ -233,34 +157,33 @@ def stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> tuple[int, ...]:
 def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict:
     """Validate every input, check the memory estimate, then load, allocate and run.
 
-    Raises ValueError (UsageError, ConfigError, WeightError, MemoryLimitError) before anything
+    Raises ValueError (ValueError, ConfigError, WeightError, MemoryLimitError) before anything
     large is allocated. ``tp``: this rank's tensor-parallel group under torchrun (None: one
     process); the estimate is then of this rank's part.
     """
     device = resolve_device(args.device) if tp is None else tp.device
     check_options(args)
     dtype, backend_name, graphs = engine_options(args, device)
-    cfg = model_config(args)
+    cfg = model_config(args.model, args.random_model)
     eos = stop_ids(args, cfg)
     tokenizer = load_tokenizer(args.model)
     prompts = [parse_prompt(p, tokenizer) for p in args.prompt]
     check_prompts(prompts, cfg.vocab_size)
     lens = [len(p) for p in prompts] + list(args.random_prompt)
     if not lens:
-        raise UsageError("Expected at least one --prompt or --random-prompt, got none")
+        raise ValueError("Expected at least one --prompt or --random-prompt, got none")
     drafter = parse_speculate(args.speculate)
     check_drafter(drafter, cfg)  # a drafter the model cannot serve: refused before loading it
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = args.pool_slots if args.pool_slots is not None else sum(n + args.max_new_tokens + 64 for n in lens) + 4096
     need = sum(lens) + len(lens) + 1
     if slots < need:
-        raise UsageError(f"Expected --pool-slots >= {need} (the prompts' {sum(lens)} tokens, a slot per request for its next "
+        raise ValueError(f"Expected --pool-slots >= {need} (the prompts' {sum(lens)} tokens, a slot per request for its next "
                          f"token and the reserved slot 0), got {slots}")
-    estimated = cfg if tp is None else rank_config(cfg, tp.size)  # under TP: this rank's part
-    limits.check(limits.estimate(
-        estimated, device, dtype, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=lens, max_new_tokens=args.max_new_tokens,
+    check_memory(  # under TP: this rank's part
+        cfg, device, dtype, tp, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=lens, max_new_tokens=args.max_new_tokens,
         prefill_chunk=args.prefill_chunk, draft_tokens=MAX_DRAFT_TOKENS if drafter else 0, random_weights=bool(args.random_model),
-    ))
+    )
     sizes = graph_batch_sizes(args.graph_batch_sizes, len(lens) * getattr(drafter, "width", 1))
     context = max(lens) + args.max_new_tokens + 2 * MAX_VERIFY_TOKENS
     config = ServingConfig(
@@ -268,7 +191,7 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         max_context=min(context, slots), prefill_chunk=args.prefill_chunk, eos_token_ids=tuple(eos), profile=not graphs,
         cuda_graphs=graphs, graph_batch_sizes=sizes, defrag="measure" if args.no_defrag else "on",
     )  # every flag checked: nothing below is refused for a usage error before the model exists
-    model = load_model(args, cfg, device, dtype, tp)
+    model = load_model(cfg, device, dtype, folder=args.model, preset=args.random_model, seed=args.seed, tp=tp)
     gen = torch.Generator().manual_seed(args.seed)
     prompts += [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in args.random_prompt]
     stack = build_engine(config, model)
@@ -331,27 +254,27 @@ PROFILE_COUNTS = (
 
 
 def check_out_path(path: str | None, flag: str = "--out") -> None:
-    """UsageError when ``path`` cannot be written as a file (a folder, a missing or read-only folder)."""
+    """ValueError when ``path`` cannot be written as a file (a folder, a missing or read-only folder)."""
     if path is None:
         return
     target = Path(path)
     if target.is_dir():
-        raise UsageError(f"Expected {flag} FILE, got the folder {path!r}; name a file in it")
+        raise ValueError(f"Expected {flag} FILE, got the folder {path!r}; name a file in it")
     folder = target.parent
     if not folder.is_dir():
-        raise UsageError(f"Expected {flag} FILE in an existing folder, got {path!r} (no folder {str(folder)!r}); create it first")
+        raise ValueError(f"Expected {flag} FILE in an existing folder, got {path!r} (no folder {str(folder)!r}); create it first")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UsageError(f"Expected {flag} FILE this user may write, got {path!r} (not writable); pick another path")
+        raise ValueError(f"Expected {flag} FILE this user may write, got {path!r} (not writable); pick another path")
 
 
 def check_profile_options(args: argparse.Namespace) -> None:
-    """UsageError naming the first ``profile`` flag whose value cannot be used (before anything is loaded)."""
+    """ValueError naming the first ``profile`` flag whose value cannot be used (before anything is loaded)."""
     for flag, name, low, what in PROFILE_COUNTS:
         value = getattr(args, name)
         if value < low:
-            raise UsageError(f"Expected {flag} >= {low} ({what}), got {value}")
+            raise ValueError(f"Expected {flag} >= {low} ({what}), got {value}")
     if not 0 <= args.seed < 2**63:
-        raise UsageError(f"Expected --seed in [0, 2**63), got {args.seed}")
+        raise ValueError(f"Expected --seed in [0, 2**63), got {args.seed}")
     check_out_path(args.out)
 
 
@@ -360,32 +283,31 @@ def profile(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict:
     bandwidth, then load the model, build the engine and profile its decode steps
     (``serving.stack.profile.profile_decode``). Returns the profiled row, with the run's settings.
 
-    Raises ValueError (UsageError, ConfigError, WeightError, MemoryLimitError) before anything
+    Raises ValueError (ValueError, ConfigError, WeightError, MemoryLimitError) before anything
     large is allocated. ``tp``: this rank's tensor-parallel group under torchrun.
     """
     device = resolve_device(args.device) if tp is None else tp.device
     check_profile_options(args)
     dtype, backend_name, graphs = engine_options(args, device)
-    cfg = model_config(args)
+    cfg = model_config(args.model, args.random_model)
     context, batch = args.random_prompt, args.batch_size
     growth = args.warmup + args.steps + args.trace_steps  # each step appends one row per request
     if context + growth + 1 > cfg.max_position_embeddings:
-        raise UsageError(f"Expected --random-prompt plus the profiled steps ({context} + {growth}) below the model's "
+        raise ValueError(f"Expected --random-prompt plus the profiled steps ({context} + {growth}) below the model's "
                          f"max_position_embeddings ({cfg.max_position_embeddings}), got {context + growth + 1}; "
                          "lower --random-prompt or --steps")
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = batch * (context + growth + 2) + 64
-    estimated = cfg if tp is None else rank_config(cfg, tp.size)
-    limits.check(limits.estimate(
-        estimated, device, dtype, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=[context] * batch,
+    check_memory(
+        cfg, device, dtype, tp, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=[context] * batch,
         max_new_tokens=growth + 1, prefill_chunk=args.prefill_chunk, random_weights=bool(args.random_model),
-    ))
+    )
     config = ServingConfig(
         backend=backend_name, pool_slots=slots, pool_dtype=pool_dtype, max_requests=batch, max_context=context + growth + 2,
         prefill_chunk=args.prefill_chunk, cuda_graphs=graphs, graph_batch_sizes=(batch,),
     )  # every flag checked: nothing below is refused for a usage error before the model exists
     copy_bw = step_profile.copy_bandwidth(device, args.copy_mib << 20)  # before the model: its two buffers need the room
-    model = load_model(args, cfg, device, dtype, tp)
+    model = load_model(cfg, device, dtype, folder=args.model, preset=args.random_model, seed=args.seed, tp=tp)
     stack = build_engine(config, model)
     engine = stack.engine
     if not args.prefill:

@@ -10,7 +10,7 @@ or test that needs a variant (graphs off, another backend) builds another engine
 Decisions:
 - Frozen and checked on construction (``ValueError`` naming the field and what it takes), so a
   bad value is refused before a model is drawn or a byte is allocated.
-- The model is not part of the config: callers load it (``serving.stack.load_model``, a random
+- The model is not part of the config: callers load it (``serving.model.loading.load_model``, a random
   preset, or weights of their own), then build one or several engines over it.
 - Defaults are the command line's: kernel attention, no speculation, no graphs, defragmentation
   measured but off (the CLI turns it on), a pool sized by the caller.
@@ -36,7 +36,7 @@ class ServingConfig:
     """How to serve a model.
 
     backend: "kernel" (the MLA verify kernel) or "reference" (the engine's float32 path).
-    speculate: drafter spec (``serving.engine.drafters.parse_speculate``) or a ``Drafter`` object,
+    speculate: drafter spec (``serving.speculation.drafters.parse_speculate``) or a ``Drafter`` object,
     None: plain decoding.
     pool_slots / pool_dtype / max_requests / max_context: the KV pool (None dtype: the model's,
     bf16 where the kernel backend needs 16-bit rows; None context: the slots, capped by the

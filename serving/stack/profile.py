@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.engine.config import ModelConfig
+from serving.configs.model import ModelConfig
 from serving.engine.engine import Engine, Request
-from serving.engine.fp8 import BlockFP8Weight
+from serving.quant.fp8 import BlockFP8Weight
 
 COPY_BYTES = 1 << 30  # per buffer: far past the L2 (50 MB on an H200), so the copy streams HBM
 COPY_REPEATS = 10

@@ -85,8 +85,8 @@ def save_fp8(folder: Path, seed: int = 0, mtp: bool = True, oracle: bool = True,
     from safetensors.torch import save_file
     from transformers import DeepseekV3Config
 
-    from serving.engine.config import ModelConfig
-    from serving.engine.random_models import random_weights
+    from serving.configs.model import ModelConfig
+    from serving.model.presets import random_weights
 
     params = dict(FP8_TINY, **overrides)
     params.setdefault("rope_parameters", dict(rope_type="default", rope_theta=10000.0))

@@ -25,8 +25,8 @@ def save_tiny(folder: Path, seed: int = 0, rope: dict | None = None, peaky: bool
     from safetensors.torch import save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from serving.engine.config import ModelConfig
-    from serving.engine.random_models import random_weights
+    from serving.configs.model import ModelConfig
+    from serving.model.presets import random_weights
 
     torch.manual_seed(seed)
     params = dict(TINY, **overrides)

@@ -10,9 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.engine.accept import bf16_resolution, greedy_accept, row_outputs, write_accepted_slots
-from serving.engine.batch import PackedStep, StepBatch, StepEntry, StepLayout
-from serving.engine.tree import DraftTree, accept_greedy
+from serving.kv.batch import PackedStep, StepBatch, StepEntry, StepLayout
+from serving.speculation.accept import (
+    bf16_resolution,
+    greedy_accept,
+    row_outputs,
+    write_accepted_slots,
+)
+from serving.speculation.tree import DraftTree, accept_greedy
 
 VOCAB = 4  # few tokens: matches, near-misses and equal siblings all happen often
 

@@ -10,10 +10,12 @@ import torch
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 from safetensors.torch import load_file, save_file
 
-from serving.engine import ConfigError, DeepseekV3Model, KernelBackend, WeightError
+from serving.attention.backends import KernelBackend
+from serving.configs.model import ConfigError, ModelConfig
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.presets import random_model
+from serving.model.weights import WeightError
 from serving.stack import ServingConfig, build_engine
-from serving.engine.config import ModelConfig
-from serving.engine.random_models import random_model
 from tests.backend.hf_models import save_tiny
 
 

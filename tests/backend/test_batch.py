@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from serving.engine import KernelBackend
-from serving.engine.batch import PackedStep, StepBatch, StepEntry, StepLayout, forward_batch
-from serving.engine.kv_indices import _build_kv_indices_kernel, build_kv_indices
-from serving.engine.kv_pool import KVPool
+from serving.attention.backends import KernelBackend
+from serving.kv.batch import PackedStep, StepBatch, StepEntry, StepLayout, forward_batch
+from serving.kv.indices import _build_kv_indices_kernel, build_kv_indices
+from serving.kv.pool import KVPool
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -171,7 +171,7 @@ def test_flags_too_large_for_memory_exit_2_with_the_numbers(baseline_mb, args, m
 
 def test_ten_million_token_prompt_is_refused_on_a_16_gib_host(baseline_mb):
     """Machine-independent: the child sees 16 GiB of free host memory."""
-    code = ("import serving.engine.limits as limits; limits.host_available_bytes = lambda: 16 << 30\n"
+    code = ("import serving.model.limits as limits; limits.host_available_bytes = lambda: 16 << 30\n"
             "from serving.stack.cli import main\n"
             "raise SystemExit(main(['generate', '--random-model', 'tiny', '--random-prompt', '10000000', '--device', 'cpu']))")
     result = run_python(code, timeout=60)
@@ -209,7 +209,7 @@ def test_unreadable_tokenizer_is_named(capsys, folder, tmp_path):
 
 def test_an_allocation_failure_past_the_estimate_is_one_line_exit_1():
     """The estimate fits (the child sees 64 GiB free), but its RLIMIT_DATA of 1 GiB does not hold the 1.1 GB pool."""
-    code = ("import serving.engine.limits as limits; limits.host_available_bytes = lambda: 64 << 30\n"
+    code = ("import serving.model.limits as limits; limits.host_available_bytes = lambda: 64 << 30\n"
             "from serving.stack.cli import main\n"
             "raise SystemExit(main(['generate', '--random-model', 'tiny', '--random-prompt', '3000000', '--prefill-chunk', '16', "
             "'--device', 'cpu']))")

@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model
+from serving.configs.model import eos_token_ids
+from serving.model.deepseek_v3 import DeepseekV3Model
 from serving.stack import ServingConfig, build_engine
 from serving.stack.cli import main
-from serving.engine.config import eos_token_ids
 from tests.backend.hf_models import hf_generate, hf_greedy, load_hf, save_tiny
 
 PROMPT = [5, 17, 99, 3, 42, 8, 8, 1]

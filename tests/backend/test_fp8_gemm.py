@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from serving.engine import fp8_gemm, gemm
-from serving.engine.fp8 import BlockFP8Weight, quantize
+from serving.quant import fp8_gemm, gemm
+from serving.quant.fp8 import BlockFP8Weight, quantize
 from tests.backend.fp8_models import block_dequantize, block_quantize
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernel under Triton's interpreter

@@ -16,11 +16,11 @@ import torch
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 pytest.importorskip("accelerate", reason="transformers loads FP8 checkpoints only with accelerate (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model
-from serving.engine.batch import StepBatch, StepEntry
-from serving.engine.fp8 import BlockFP8Weight
-from serving.engine.weights import load_weights
-from serving.engine.config import ModelConfig
+from serving.configs.model import ModelConfig
+from serving.kv.batch import StepBatch, StepEntry
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.weights import load_weights
+from serving.quant.fp8 import BlockFP8Weight
 from serving.stack import ServingConfig, build_engine
 from tests.backend.fp8_models import block_dequantize, save_fp8
 from tests.backend.hf_models import hf_greedy, load_hf

@@ -9,10 +9,15 @@ import math
 
 import torch
 
-from serving.engine import limits
-from serving.engine.quantization import BlockFP8Config, quantizable
-from serving.engine.random_models import FP8_CONFIG, preset_config, random_model, random_weights
-from serving.engine.weights import expected_shapes
+from serving.configs.quantization import BlockFP8Config, quantizable
+from serving.model import limits
+from serving.model.presets import (
+    FP8_CONFIG,
+    preset_config,
+    random_model,
+    random_weights,
+)
+from serving.model.weights import expected_shapes
 from tests.backend.fp8_models import block_dequantize, block_quantize
 
 

@@ -11,11 +11,16 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers writes the config.json of these tests (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model
-from serving.engine.config import ConfigError, ModelConfig
-from serving.engine.weights import WeightError
+from serving.configs.model import ConfigError, ModelConfig
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.weights import WeightError
 from serving.stack.cli import main
-from tests.backend.fp8_models import FP8_CONFIG, rewrite, save_fp8, with_quantization_config
+from tests.backend.fp8_models import (
+    FP8_CONFIG,
+    rewrite,
+    save_fp8,
+    with_quantization_config,
+)
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"
@@ -156,7 +161,7 @@ def test_fp8_tensors_without_a_quantization_config_are_refused(folder, tmp_path)
 
 
 def test_shard_boundaries_inside_a_block_are_refused_with_the_numbers(folder):
-    from serving.engine.sharding import check_shardable
+    from serving.parallel.sharding import check_shardable
 
     cfg = ModelConfig.from_folder(folder)  # 2 heads of 48 + 16: one head's q rows are 64 of a 128-block
     with pytest.raises(ValueError) as info:

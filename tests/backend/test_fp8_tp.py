@@ -15,12 +15,12 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("transformers", reason="transformers writes the config.json of these tests (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model
-from serving.engine.config import ModelConfig
-from serving.engine.fp8 import BlockFP8Weight
-from serving.engine.sharded_weights import load_shard, shard_weights
-from serving.engine.sharding import tensor_shard
-from serving.engine.weights import load_weights
+from serving.configs.model import ModelConfig
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.sharded_weights import load_shard, shard_weights
+from serving.model.weights import load_weights
+from serving.parallel.sharding import tensor_shard
+from serving.quant.fp8 import BlockFP8Weight
 from tests.backend import tp_workers
 from tests.backend.fp8_models import save_fp8
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine import fused
-from serving.engine.model import rms_norm
-from serving.engine.random_models import preset_config
-from serving.engine.rope import RotaryEmbedding
+from serving.model import fused
+from serving.model.deepseek_v3 import rms_norm
+from serving.model.presets import preset_config
+from serving.model.rope import RotaryEmbedding
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernels under Triton's interpreter
 

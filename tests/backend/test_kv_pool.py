@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine.kv_pool import KVPool, PoolExhausted, SlotAllocator, TableFull
+from serving.kv.pool import KVPool, PoolExhausted, SlotAllocator, TableFull
 
 
 def test_slot_zero_is_never_handed_out_and_all_others_are():

@@ -1,4 +1,4 @@
-"""Memory estimates (``serving.engine.limits``): exact where they count tensors, an upper bound
+"""Memory estimates (``serving.model.limits``): exact where they count tensors, an upper bound
 where they bound activations, and refusals that allocate nothing.
 
 No test here allocates more than a few hundred MB: refusals use configs and sizes that would
@@ -17,10 +17,17 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers writes the checkpoints of these tests (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model, MemoryLimitError
-from serving.engine.limits import MARGIN, available_bytes, check, count_parameters, estimate
-from serving.engine.random_models import PRESETS, preset_config, random_model
-from serving.engine.weights import expected_shapes
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.limits import (
+    MARGIN,
+    MemoryLimitError,
+    available_bytes,
+    check,
+    count_parameters,
+    estimate,
+)
+from serving.model.presets import PRESETS, preset_config, random_model
+from serving.model.weights import expected_shapes
 from tests.backend.hf_models import save_tiny
 from tests.backend.processes import run_python, run_serving
 
@@ -72,7 +79,7 @@ def baseline_mb():
 @pytest.mark.parametrize("overrides", ABSURD)
 def test_absurd_random_models_are_refused_before_anything_is_built(overrides, baseline_mb):
     code = f"""
-from serving.engine.random_models import random_model
+from serving.model.presets import random_model
 try:
     random_model("tiny", **{overrides!r})
 except Exception as exc:
@@ -91,7 +98,7 @@ def test_absurd_configs_are_refused_before_the_checkpoint_is_read(tmp_path, over
     raw.update(overrides)
     (folder / "config.json").write_text(json.dumps(raw))
     code = f"""
-from serving.engine import DeepseekV3Model
+from serving.model.deepseek_v3 import DeepseekV3Model
 try:
     DeepseekV3Model.from_folder({str(folder)!r})
 except Exception as exc:

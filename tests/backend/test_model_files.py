@@ -18,9 +18,9 @@ import torch
 pytest.importorskip("transformers", reason="transformers writes the checkpoints of these tests (pip install -e .[test])")
 from safetensors.torch import load_file, save_file
 
-from serving.engine import ConfigError, DeepseekV3Model, WeightError
-from serving.engine.config import ModelConfig
-from serving.engine.weights import read_header
+from serving.configs.model import ConfigError, ModelConfig
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.weights import WeightError, read_header
 from tests.backend.hf_models import save_tiny
 
 

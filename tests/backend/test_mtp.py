@@ -10,11 +10,11 @@ import shutil
 import pytest
 import torch
 
-from serving.engine import parse_speculate
-from serving.engine.config import ModelConfig
-from serving.engine.model import DeepseekV3Model
-from serving.engine.random_models import random_model
-from serving.engine.weights import WeightError, load_weights
+from serving.configs.model import ModelConfig
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.presets import random_model
+from serving.model.weights import WeightError, load_weights
+from serving.speculation.drafters import parse_speculate
 from serving.stack import ServingConfig, build_engine
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 9], [7, 8, 9] * 6, list(range(20, 61)), [3]]
@@ -41,7 +41,7 @@ def random_folder(trained, tmp_path_factory):
     fed the wrong rows or tokens shows in its top tokens (a barely trained one hardly would)."""
     from safetensors.torch import save_file
 
-    from serving.engine.random_models import random_weights
+    from serving.model.presets import random_weights
 
     folder = tmp_path_factory.mktemp("random-mtp")
     for name in ("config.json", "generation_config.json", "tokenizer.json", "heldout.json"):
@@ -260,7 +260,7 @@ def _reference_chain(target, mtp, head, tokens: list[int], first: int, more: int
 def test_mtp_chains_match_transformers(random_folder, spec, backend, prompt_len, monkeypatch):
     """Each drafted chain is the module's own greedy chain, as transformers' block computes it
     when fed its output state and tokens level by level (the one-step chain's passes)."""
-    from serving.engine.drafters import DraftContext
+    from serving.speculation.drafters import DraftContext
 
     target, mtp, head = _reference(random_folder)
     model = DeepseekV3Model.from_folder(random_folder)
@@ -276,7 +276,7 @@ def test_mtp_chains_match_transformers(random_folder, spec, backend, prompt_len,
     width, depth = eng.drafter.width, eng.drafter.depth
     firsts = _reference_mtp_topk(target, mtp, head, req.tokens, width)
     want = [[t] + _reference_chain(target, mtp, head, req.tokens, t, depth - 1) for t in firsts]
-    from serving.engine.tree import DraftTree
+    from serving.speculation.tree import DraftTree
 
     expected = DraftTree.from_paths(want)
     assert tree.tokens == expected.tokens and tree.parents == expected.parents

@@ -1,4 +1,4 @@
-"""Prefill attention (``serving.engine.prefill_attention``) against float64, and the engine's
+"""Prefill attention (``serving.attention.prefill``) against float64, and the engine's
 prefill through it against the masked path it replaced.
 
 Every method that runs here is checked on fresh random inputs in the engine's layouts, its output
@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from serving.engine import prefill_attention as pa
-from serving.engine.random_models import random_model
+from serving.attention import prefill as pa
+from serving.model.presets import random_model
 from serving.stack import ServingConfig, build_engine
 
 gpu = pytest.mark.gpu

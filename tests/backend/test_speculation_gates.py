@@ -76,8 +76,8 @@ def test_greedy_trained_passes_and_catches_a_wrong_acceptance(monkeypatch):
 def test_accept_all_mtp_accepts_every_draft_and_keeps_the_tokens():
     """The best-case drafter: the real MTP drafter's work, its first chain replaced by plain
     greedy's continuation, so each step keeps all of it (but at the end of the request)."""
-    from phases.speculation.accept_all import AcceptAllMTP
-    from serving.engine.random_models import random_model
+    from phases.speculation.bench.accept_all import AcceptAllMTP
+    from serving.model.presets import random_model
     from serving.stack import ServingConfig, build_engine
 
     model = random_model("tiny", seed=3, num_nextn_predict_layers=1)
@@ -98,7 +98,7 @@ def test_accept_all_mtp_accepts_every_draft_and_keeps_the_tokens():
 def test_accept_all_measure_keeps_the_set_acceptance_and_plain_tokens():
     """The random-preset measurement: every acceptance run emits plain decoding's tokens, at
     the acceptance it was set to (all drafts: depth + 1 per step; 1.5: 2.5 on average)."""
-    from phases.speculation.accept_all import measure
+    from phases.speculation.bench.accept_all import measure
 
     m = measure("tiny", contexts=[64], width=2, depth=3, accepted=[None, 1.5, 0], max_new_tokens=40, device="cpu")
     assert m["leaked_slots"] == 0

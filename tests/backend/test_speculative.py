@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine import LayerSkipDrafter, NgramDrafter, parse_speculate
+from serving.model.presets import random_model
+from serving.speculation.drafters import LayerSkipDrafter, NgramDrafter, parse_speculate
+from serving.speculation.tree import DraftTree, accept_greedy
 from serving.stack import ServingConfig, build_engine
-from serving.engine.random_models import random_model
-from serving.engine.tree import DraftTree, accept_greedy
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 9], [7, 8, 9] * 6, list(range(20, 61)), [3]]
 
@@ -102,7 +102,7 @@ def _scan_continuations(history, width, depth, max_n, min_n=1):
 def test_ngram_index_drafts_what_a_full_scan_finds_as_the_history_grows(seed):
     import random
 
-    from serving.engine.ngram_index import NgramIndexes
+    from serving.speculation.ngram_index import NgramIndexes
 
     rng = random.Random(seed)
     drafter = NgramDrafter(3, 4, max_n=3)
@@ -121,7 +121,7 @@ def test_ngram_index_drafts_what_a_full_scan_finds_as_the_history_grows(seed):
 
 
 def test_ngram_indexes_of_finished_requests_are_dropped():
-    from serving.engine.ngram_index import NgramIndexes
+    from serving.speculation.ngram_index import NgramIndexes
 
     indexes = NgramIndexes(1, 2, idle_calls=10)
     indexes.synced(99, [1, 2, 1], [])

@@ -18,12 +18,22 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from serving.engine import limits
-from serving.engine.config import ModelConfig
-from serving.engine.parallel import TensorParallel, launched_by_torchrun
-from serving.engine.random_models import preset_config, random_model, random_weights
-from serving.engine.sharded_weights import expected_shard_shapes, load_shard, shard_weights
-from serving.engine.sharding import check_shardable, even_range, rank_config, tensor_shard, vocab_range
+from serving.configs.model import ModelConfig
+from serving.model import limits
+from serving.model.presets import preset_config, random_model, random_weights
+from serving.model.sharded_weights import (
+    expected_shard_shapes,
+    load_shard,
+    shard_weights,
+)
+from serving.parallel.group import TensorParallel, launched_by_torchrun
+from serving.parallel.sharding import (
+    check_shardable,
+    even_range,
+    rank_config,
+    tensor_shard,
+    vocab_range,
+)
 from tests.backend import tp_workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +53,7 @@ def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], fused: bool 
     routed experts in a second file, per expert or (``fused``) one [E, ...] tensor per kind."""
     from safetensors.torch import save_file
 
-    from serving.engine.random_models import PRESETS
+    from serving.model.presets import PRESETS
 
     raw = dict(PRESETS["tiny"], architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", **overrides)
     (folder / "config.json").write_text(json.dumps(raw))
@@ -244,7 +254,7 @@ def test_tp2_mtp_drafts_as_one_process_does(tp_run):
 
 
 def test_tp2_from_a_checkpoint_folder(tp_run):
-    from serving.engine.model import DeepseekV3Model
+    from serving.model.deepseek_v3 import DeepseekV3Model
 
     folder, ranks = tp_run
     want = tp_workers.generate(DeepseekV3Model.from_folder(folder), None)
@@ -260,7 +270,7 @@ def test_a_rank_failing_alone_ends_every_rank_with_its_message(tp_run):
 
 
 def test_the_gpu_check_script_runs_on_two_cpu_ranks(tp_run):
-    """``phases.backend.tp_check``'s CPU smoke (reference backend, no graphs) on the same ranks."""
+    """``phases.backend.bench.tp_check``'s CPU smoke (reference backend, no graphs) on the same ranks."""
     _, ranks = tp_run
     m = ranks[0]["tp_check"]
     assert m["tp"] == TP and m["tokens_pass"] and m["tokens_compared"] == 18

@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is the oracle of these tests (pip install -e .[test])")
 
-from serving.engine import DeepseekV3Model
+from serving.kv.batch import StepBatch, StepEntry
+from serving.model.deepseek_v3 import DeepseekV3Model
 from serving.stack import ServingConfig, build_engine
-from serving.engine.batch import StepBatch, StepEntry
 from tests.backend.hf_models import hf_greedy, load_hf, save_tiny
 
 LOGIT_ATOL = 1e-4

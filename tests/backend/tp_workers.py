@@ -16,13 +16,18 @@ from pathlib import Path
 import torch
 
 from phases.backend import tp_check
-from serving.engine.tree import DraftTree
-from serving.stack import ServingConfig, build_engine
-from serving.engine.model import DeepseekV3Model
-from serving.engine.parallel import LockstepError, RankFailed, TensorParallel, init_from_env
-from serving.engine.random_models import random_model
-from serving.engine.sharded_weights import load_sharded_weights
 from serving.engine.tp_launch import LockstepRunner, run_on_ranks
+from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.model.presets import random_model
+from serving.model.sharded_weights import load_sharded_weights
+from serving.parallel.group import (
+    LockstepError,
+    RankFailed,
+    TensorParallel,
+    init_from_env,
+)
+from serving.speculation.tree import DraftTree
+from serving.stack import ServingConfig, build_engine
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9] * 6, list(range(20, 61))]
 MAX_NEW = 10

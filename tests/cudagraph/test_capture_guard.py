@@ -2,7 +2,7 @@
 
 import gc
 
-from serving.engine.capture_guard import collected_before_capture
+from serving.device.capture_guard import collected_before_capture
 
 
 class _Owner:

@@ -29,7 +29,7 @@ def test_replay_gate_cpu_profile_passes():
 
 def test_replay_gate_catches_a_stale_plan(monkeypatch):
     """A replay that keeps the capture-time plan instead of re-planning the new lengths."""
-    from serving.engine.attention import KernelBackend
+    from serving.attention.backends import KernelBackend
 
     monkeypatch.setattr(KernelBackend, "init_forward_metadata_replay_cuda_graph",
                         lambda self, key, batch: setattr(self, "_active", self._graph_wrappers[key]))
@@ -121,7 +121,7 @@ def test_end_to_end_names_its_rows_as_the_plan_does():
 
 def test_the_plans_end_to_end_gate_holds_the_issues_thresholds_and_fits_one_gpu_command():
     gate = plan_gate("cudagraph", "end-to-end")
-    assert gate.kind == "benchmark" and gate.call == "phases.cudagraph.streaming:run" and "cuda" in gate.requires
+    assert gate.kind == "benchmark" and gate.call == "phases.cudagraph.end_to_end:run" and "cuda" in gate.requires
     assert gate.timeout <= 600
     assert {k: t.text for k, t in gate.expect.items()} == {
         "frac_streaming_limit_64k": ">= 0.8", "frac_streaming_limit_185k": ">= 0.8", "frac_streaming_limit_b8_64k": ">= 0.8",

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from serving.engine.fp8 import BlockFP8Weight
-from serving.engine.parallel import TensorParallel
-from serving.engine.random_models import preset_config, random_model
 from serving.engine.tp_launch import generated_tokens
+from serving.model.presets import preset_config, random_model
+from serving.parallel.group import TensorParallel
+from serving.quant.fp8 import BlockFP8Weight
 from serving.stack import cli
 from serving.stack import profile as sp
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine.batch import StepBatch, StepEntry
-from serving.engine.drafters import parse_speculate
-from serving.engine.random_models import random_model
 from serving.graphs import families_for
-from serving.stack import ServingConfig, build_engine
 from serving.graphs.buckets import GraphKey, key_for, keys_for, placeholder_step
+from serving.kv.batch import StepBatch, StepEntry
+from serving.model.presets import random_model
+from serving.speculation.drafters import parse_speculate
+from serving.stack import ServingConfig, build_engine
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 8, 1], [7], [100, 101, 102, 100, 101, 102, 100]]
 

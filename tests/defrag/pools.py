@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from serving.engine.kv_pool import KVPool
+from serving.kv.pool import KVPool
 
 
 def churn_lists(num_slots: int, steps: int, seed: int, release: float = 0.12, new: float = 0.25,

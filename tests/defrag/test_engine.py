@@ -9,12 +9,11 @@ import random
 import pytest
 import torch
 
-from serving.defrag import DefragPolicy, Defragmenter
+from serving.defrag import Defragmenter, DefragPolicy
 from serving.defrag.measure import count_runs
+from serving.kv.batch import PackedStep, StepBatch, StepEntry, StepLayout, StepShape
+from serving.model.presets import random_model
 from serving.stack import ServingConfig, build_engine
-from serving.engine.batch import PackedStep, StepBatch, StepEntry, StepLayout
-from serving.engine.model_runner import StepShape
-from serving.engine.random_models import random_model
 
 PROMPTS = [[1, 2, 3, 4, 5] * 7, [9, 9] * 15, list(range(20, 51))]
 NEW_TOKENS = 24

@@ -9,9 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from serving.defrag.executor import Compaction, _copy_rows, copy_rows_direct, gather_rows, scatter_rows
+from serving.defrag.executor import (
+    Compaction,
+    _copy_rows,
+    copy_rows_direct,
+    gather_rows,
+    scatter_rows,
+)
 from serving.defrag.planner import MovePlan, plan_compaction, split_waves
-from serving.engine.kv_pool import KVPool
+from serving.kv.pool import KVPool
 from tests.defrag.pools import churn_pool, same_state, snapshot
 
 

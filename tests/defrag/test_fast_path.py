@@ -12,7 +12,12 @@ import torch
 
 from kernel import MLAVerifyWrapper, mla_verify_attention
 from kernel.plan import PlanLayout, contiguous_runs, with_contiguity
-from phases.kernel.bench.cases import build_inputs, fast_path_args, fast_path_cases, interpret_cases
+from phases.kernel.bench.cases import (
+    build_inputs,
+    fast_path_args,
+    fast_path_cases,
+    interpret_cases,
+)
 
 interpreting_or_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",

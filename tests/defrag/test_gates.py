@@ -66,7 +66,7 @@ def test_contiguous_speedup_is_the_geometric_mean_over_the_rows_per_round():
 
 def test_the_plan_gates_name_these_callables():
     text = PLAN.read_text()
-    assert "call: phases.defrag.verify:run" in text and "call: phases.defrag.benchmark:run" in text
+    assert "call: phases.defrag.integrity:run" in text and "call: phases.defrag.speed:run" in text
 
 
 @gpu
@@ -101,10 +101,9 @@ def test_a_captured_verify_step_replays_bitwise_equal_after_compaction():
     """STYLE's graph recipe: warm up on a side stream, capture the device half of a verify step
     (kv_indices built from the slot table, the kernel, the model), compact the pool between
     replays, refresh the static buffers and the plan, poison the outputs, replay, compare."""
+    from serving.kv.batch import PackedStep, StepBatch, StepEntry, StepLayout, StepShape
+    from serving.model.presets import random_model
     from serving.stack import ServingConfig, build_engine
-    from serving.engine.batch import PackedStep, StepBatch, StepEntry, StepLayout
-    from serving.engine.model_runner import StepShape
-    from serving.engine.random_models import random_model
 
     dev = torch.device("cuda")
     model = random_model("gpu-h16", dev, torch.bfloat16, seed=0)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from serving.engine.kv_pool import KVPool, PoolExhausted, SlotAllocator
+from serving.kv.pool import KVPool, PoolExhausted, SlotAllocator
 
 
 def test_reserve_takes_exactly_the_given_free_slots_or_none():

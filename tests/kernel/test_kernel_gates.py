@@ -14,12 +14,17 @@ import pytest
 import torch
 
 from kernel.reference import mla_verify_reference
+from phases.common import kernel_timing as timing
+from phases.common.roofline import (
+    Ceilings,
+    mla_verify_bytes,
+    mla_verify_flops,
+    roofline_time,
+)
 from phases.kernel import benchmark, build, verify
 from phases.kernel.bench import peers
-from phases.common import kernel_timing as timing
 from phases.kernel.bench.cases import build_inputs
 from phases.kernel.bench.shapes import BENCH_SHAPES
-from phases.common.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAN_PATH = REPO_ROOT / "plans" / "0002-mla-verify-kernel-defrag.md"

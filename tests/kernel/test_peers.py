@@ -18,7 +18,11 @@ from phases.common.roofline import Ceilings
 from phases.kernel.bench import peers
 from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case
 from phases.kernel.bench.shapes import (
-    BATCH8_CONTEXTS, BENCH_SHAPES, DEFAULT_CONTEXTS, context_label, decode_batch_shapes,
+    BATCH8_CONTEXTS,
+    BENCH_SHAPES,
+    DEFAULT_CONTEXTS,
+    context_label,
+    decode_batch_shapes,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

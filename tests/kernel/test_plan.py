@@ -1,15 +1,21 @@
 """Host-side planning: the work decomposition covers every (row block, key) once and the
 workspace bound holds for any lengths."""
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel.plan import (
-    ITEM_OVERHEAD_TILES, SCHEDULES, HeadDims, PlanLayout, TileConfig, max_work_items, plan_work, program_makespan,
+    ITEM_OVERHEAD_TILES,
+    SCHEDULES,
+    HeadDims,
+    PlanLayout,
+    TileConfig,
+    max_work_items,
+    plan_work,
+    program_makespan,
 )
 
 CONFIGS = [

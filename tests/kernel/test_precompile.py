@@ -54,13 +54,13 @@ def test_warmup_on_a_cpu_runs_its_probes_in_one_thread(monkeypatch):
     from kernel import precompile
 
     seen = []
-    real = precompile._probe
+    real = precompile.run_probe
 
     def probe(*args, **kwargs):
         seen.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(precompile, "_probe", probe)
+    monkeypatch.setattr(precompile, "run_probe", probe)
     report = warmup("cpu", num_heads=1, max_draft=1, head_dim=64, v_head_dim=32, workers=4)
     assert seen == [threading.current_thread().name] * 4
     assert [(p.mask, p.mode) for p in report.probes] == [("tree", "eager"), ("causal", "eager"), ("tree", "graph"),

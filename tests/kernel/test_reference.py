@@ -9,7 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel.reference import causal_tree_mask, mla_verify_reference, tree_mask_from_parents
+from kernel.reference import (
+    causal_tree_mask,
+    mla_verify_reference,
+    tree_mask_from_parents,
+)
 
 
 def brute_force(q, kv_rows, draft_lens, slot_lists, masks, sm_scale, v_head_dim):

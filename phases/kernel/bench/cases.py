@@ -250,7 +250,7 @@ def fast_path_cases(seed: int, interpret: bool) -> list[Case]:
 def fast_path_args(inputs: dict) -> dict:
     """``kv_start`` / ``kv_contig`` (host int64 [B]) of ``build_inputs``' slots: each request's
     first slot and the length of its leading run of consecutive slots."""
-    from kernel.plan import contiguous_runs
+    from kernel.bench_api import contiguous_runs
 
     kv_start, kv_contig = contiguous_runs(inputs["kv_indptr"].cpu().numpy(), inputs["kv_indices"].cpu().numpy())
     return {"kv_start": kv_start, "kv_contig": kv_contig}

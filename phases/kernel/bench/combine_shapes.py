@@ -16,10 +16,8 @@ import json
 from pathlib import Path
 
 import torch
-import triton
 
-from kernel import hopper
-from kernel.triton_kernels import _mla_verify_combine_kernel
+from kernel.bench_api import hopper, launch_combine
 from phases.common.kernel_timing import event_us, graph_replay, l2_flushes
 
 RAGGED = (1024, 2011, 4093, 8209, 16411, 32771, 65539, 131072)
@@ -35,10 +33,7 @@ SHAPES = ((32, 128, 4), (256, 32, 4), (2, 512, 4), (4, 512, 4), (8, 512, 4), (4,
 
 def launch(out, po, plse, tensors, qo_indptr, heads, row_blocks, bm, shape):
     splits, cols, warps = shape
-    _mla_verify_combine_kernel[(row_blocks, bm, triton.cdiv(512, cols))](
-        out, po, plse, tensors["counts"], qo_indptr, tensors["mb_req"], tensors["mb_mblk"],
-        tensors["mb_work_start"], tensors["mb_nsplit"], tensors["mb_stride"], heads, out.stride(0), out.stride(1),
-        DV=512, PARTIAL_DV=512, BLOCK_M=bm, BLOCK_S=splits, BLOCK_C=cols, num_warps=warps)
+    launch_combine(out, po, plse, tensors, qo_indptr, heads, row_blocks, bm, 512, splits, cols, num_warps=warps)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,7 +48,7 @@ def make_case(draft_lens, kv_lens, num_heads, tree, seed, pool_factor=1.0):
 
 def all_variants():
     """The variants the path uses, then the candidates under measurement."""
-    from kernel import hopper
+    from kernel.bench_api import hopper
 
     return (*hopper.VARIANTS, *hopper.CANDIDATES)
 
@@ -57,7 +57,7 @@ def variants():
     """The variant names $VARIANTS lists (default: the ones the path uses). A name may end in
     ``@SCHEDULE`` ("balanced", "waves"): that variant over plans of that schedule (``kernel.plan.plan_work``;
     default "uniform")."""
-    from kernel import hopper
+    from kernel.bench_api import hopper
 
     names = os.environ.get("VARIANTS")
     if names is None:
@@ -81,8 +81,7 @@ CASES = [
 
 
 def _launch(plan, tensors, inputs, out, partials, variant, **kw):
-    from kernel import hopper
-    from kernel.validation import kv_rows
+    from kernel.bench_api import hopper, kv_rows
 
     hopper.run_split_and_combine(plan, tensors, inputs["q"], kv_rows(inputs["kv_cache"]), inputs["qo_indptr"],
                                  inputs["kv_indptr"], inputs["kv_indices"], inputs["tree_mask"], SM_SCALE, out,
@@ -93,7 +92,7 @@ def stage_correct(names):
     """Every case for each variant in ``names``; a status file per variant."""
     import torch
 
-    from kernel import hopper
+    from kernel.bench_api import hopper
     from kernel.reference import mla_verify_reference
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -165,9 +164,10 @@ def stage_bench(names):
     Hopper variant (with its PDL timing where the plan has a combine)."""
     import torch
 
-    from kernel import MLAVerifyWrapper, hopper
-    from phases.common.roofline import measure_ceilings
+    from kernel import MLAVerifyWrapper
+    from kernel.bench_api import hopper
     from phases.common.kernel_timing import l2_flushes
+    from phases.common.roofline import measure_ceilings
 
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -212,7 +212,12 @@ def stage_bench(names):
 
 
 def table(names):
-    from phases.common.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
+    from phases.common.roofline import (
+        Ceilings,
+        mla_verify_bytes,
+        mla_verify_flops,
+        roofline_time,
+    )
 
     with open(os.path.join(OUT, "bench_triton.json")) as f:
         base = json.load(f)

@@ -28,12 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel import hopper
-from kernel.plan import program_makespan
-from kernel.triton_kernels import launch_combine
-from kernel.validation import kv_rows
-from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from kernel.bench_api import hopper, kv_rows, launch_combine, program_makespan
 from phases.common.kernel_timing import event_us, graph_replay, l2_flushes
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 
 SHAPES = ((16, 1), (8, 8), (16, 8))
 CONTEXTS = (4096, 16384, 65536, 131072)

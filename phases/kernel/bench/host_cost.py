@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from kernel import MLAVerifyWrapper, mla_verify_attention
-from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 from phases.common.kernel_timing import graph_replay
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
 
 SHAPES = ((16, 1, 16384, False), (16, 1, 65536, False), (128, 1, 16384, False), (16, 8, 16384, True))
 SM_SCALE = PRODUCTION_SM_SCALE

@@ -49,8 +49,18 @@ import torch
 
 from kernel.reference import mla_verify_reference
 from phases.common.kernel_timing import graph_replay, l2_flushes, planned_run
-from phases.common.roofline import Ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
-from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, QUERY_SCALE, Case, max_request_rel_err
+from phases.common.roofline import (
+    Ceilings,
+    mla_verify_bytes,
+    mla_verify_flops,
+    roofline_time,
+)
+from phases.kernel.bench.cases import (
+    PRODUCTION_SM_SCALE,
+    QUERY_SCALE,
+    Case,
+    max_request_rel_err,
+)
 from phases.kernel.bench.shapes import (
     BATCH8_CONTEXTS,
     BATCH8_SHAPE,

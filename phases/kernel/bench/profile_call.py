@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from kernel import hopper
+from kernel.bench_api import hopper
 from phases.kernel.bench.hopper_check import _launch, make_case
 
 

@@ -30,13 +30,18 @@ from pathlib import Path
 
 import torch
 
-from kernel.mla_verify import MLAVerifyWrapper, Workspace, make_plan, run_plan, upload_plan
-from kernel.plan import PlanLayout, TileConfig
+from kernel import MLAVerifyWrapper, TileConfig
+from kernel.bench_api import PlanLayout, Workspace, make_plan, run_plan, upload_plan
 from kernel.reference import mla_verify_reference
-from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
-from phases.common.roofline import measure_ceilings, mla_verify_bytes, mla_verify_flops, roofline_time
-from phases.kernel.bench.shapes import HEAD_DIM, V_HEAD_DIM
 from phases.common.kernel_timing import bench_us, event_us, graph_replay, l2_flushes
+from phases.common.roofline import (
+    measure_ceilings,
+    mla_verify_bytes,
+    mla_verify_flops,
+    roofline_time,
+)
+from phases.kernel.bench.cases import PRODUCTION_SM_SCALE, Case, build_inputs
+from phases.kernel.bench.shapes import HEAD_DIM, V_HEAD_DIM
 
 
 def candidate_configs(rows: int, sms: int) -> list[TileConfig]:
