@@ -203,7 +203,7 @@ def test_a_fused_method_is_chosen_on_cuda():
 
 
 def test_bench_flops_table_and_refusals(capsys):
-    from phases.backend import prefill_attention_bench as bench
+    from phases.backend.bench import prefill_attention as bench
 
     assert bench.chunk_flops(2, 3, heads=1, qk=1, dv=1) == 2 * 2 * (2 * 3 + 3)  # keys seen: 4 + 5
     assert bench.chunk_flops(8192, 0) == 2 * 16 * 320 * 8192 * 8193 // 2

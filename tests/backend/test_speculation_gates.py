@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import serving.engine.model_runner as model_runner
-from phases.speculation import benchmark, verify
+from phases.speculation import greedy_trained, speculation
 from tests.sampled_gates import assert_samples
 
 
@@ -26,8 +26,8 @@ def _own_model(demo_folder, monkeypatch):
 
 
 def test_benchmark_reports_every_mode_and_the_headline_as_samples():
-    m = benchmark.run(tiny=True, contexts=[40], batch_sizes=[1, 2], max_new_tokens=4, samples=6, device="cpu")
-    for mode in benchmark.MODES:
+    m = speculation.run(tiny=True, contexts=[40], batch_sizes=[1, 2], max_new_tokens=4, samples=6, device="cpu")
+    for mode in speculation.MODES:
         assert m[f"{mode}_40_b1_tok_s"] > 0
         assert m[f"{mode}_40_b2_tokens_per_step"] >= 1
     assert m["mtp_tree_ratio_b1"] == m["mtp_tree_40_b1_ratio"]
@@ -40,14 +40,14 @@ def test_benchmark_reports_every_mode_and_the_headline_as_samples():
 
 def test_benchmark_rounds_alternate_the_two_engines_and_use_one_prompt_each(monkeypatch):
     calls = []
-    original = benchmark.measure
+    original = speculation.measure
 
     def recording(engine, prompts, max_new_tokens, what):
         calls.append((what, prompts))
         return original(engine, prompts, max_new_tokens, what)
 
     monkeypatch.setattr(benchmark, "measure", recording)
-    m = benchmark.run(tiny=True, contexts=[40], batch_sizes=[1], max_new_tokens=2, samples=3, device="cpu",
+    m = speculation.run(tiny=True, contexts=[40], batch_sizes=[1], max_new_tokens=2, samples=3, device="cpu",
                       modes={"plain": None, "mtp_tree": "mtp:2x2"})
     rounds = [(what, prompts) for what, prompts in calls if "round" in what]
     assert [what for what, _ in rounds] == ["plain at 40 x 1, round 0", "mtp_tree at 40 x 1, round 0",
@@ -59,7 +59,7 @@ def test_benchmark_rounds_alternate_the_two_engines_and_use_one_prompt_each(monk
 
 
 def test_greedy_trained_passes_and_catches_a_wrong_acceptance(monkeypatch):
-    m = verify.run(tiny=True, prompts=2, context=32, max_new_tokens=8, device="cpu")
+    m = greedy_trained.run(tiny=True, prompts=2, context=32, max_new_tokens=8, device="cpu")
     assert m["mismatched_tokens_fp32"] == 0 and m["leaked_slots"] == 0 and m["requests"] == 4
     original = model_runner.greedy_accept
 
@@ -69,7 +69,7 @@ def test_greedy_trained_passes_and_catches_a_wrong_acceptance(monkeypatch):
         return out
 
     monkeypatch.setattr(model_runner, "greedy_accept", accept_one_more)
-    bad = verify.run(tiny=True, prompts=2, context=32, max_new_tokens=8, device="cpu")
+    bad = greedy_trained.run(tiny=True, prompts=2, context=32, max_new_tokens=8, device="cpu")
     assert bad["mismatched_tokens_fp32"] + bad["near_tie_divergences_fp32"] > 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from phases.backend import tp_check
+from phases.backend.bench import tp_check
 from serving.engine.tp_launch import LockstepRunner, run_on_ranks
 from serving.model.deepseek_v3 import DeepseekV3Model
 from serving.model.presets import random_model

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from phases.cudagraph import decode_speed, overhead, streaming, verify
+from phases.cudagraph import decode_speed, end_to_end, overhead, replay
 from tests.sampled_gates import assert_samples, plan_gate, planted
 
 gpu = pytest.mark.gpu
@@ -19,7 +19,7 @@ TINY_GREEDY = dict(prompts=2, max_new_tokens=4, contexts=[8, 24], preset="tiny",
 
 
 def test_replay_gate_cpu_profile_passes():
-    m = verify.run(batch_sizes=[1, 2], rounds=2, preset="tiny", max_context=200, pool_slots=3000, greedy=TINY_GREEDY,
+    m = replay.run(batch_sizes=[1, 2], rounds=2, preset="tiny", max_context=200, pool_slots=3000, greedy=TINY_GREEDY,
                    device="cpu")
     assert m["uncaptured_batch_sizes"] == 0 and m["replays_checked"] == 2 * 2 * 2
     for key in ("replay_mismatches", "stale_plans", "unpadded_mismatches", "host_syncs_in_replay", "padding_corrupted_rows",
@@ -33,7 +33,7 @@ def test_replay_gate_catches_a_stale_plan(monkeypatch):
 
     monkeypatch.setattr(KernelBackend, "init_forward_metadata_replay_cuda_graph",
                         lambda self, key, batch: setattr(self, "_active", self._graph_wrappers[key]))
-    m = verify.run(batch_sizes=[2], rounds=2, preset="tiny", max_context=200, pool_slots=3000,
+    m = replay.run(batch_sizes=[2], rounds=2, preset="tiny", max_context=200, pool_slots=3000,
                    greedy=dict(TINY_GREEDY, prompts=1, contexts=[8]), device="cpu")
     assert m["stale_plans"] > 0 and m["unpadded_mismatches"] > 0
 
@@ -83,7 +83,7 @@ def test_end_to_end_plumbing_on_cpu_reports_fractions_as_samples_and_the_profile
     from runner.gates.protocol import ARTIFACTS_ENV
 
     monkeypatch.setenv(ARTIFACTS_ENV, str(tmp_path))
-    m = streaming.run(**TINY_END_TO_END)
+    m = end_to_end.run(**TINY_END_TO_END)
     for name in ("24", "40", "b2_24"):
         fracs = assert_samples(m, f"frac_streaming_limit_{name}", 2)
         assert all(f < 1 for f in fracs)  # a CPU step is far from a GPU's streaming limit
@@ -106,17 +106,17 @@ def test_end_to_end_plumbing_on_cpu_reports_fractions_as_samples_and_the_profile
     (dict(samples=0), "Expected samples to be a whole number >= 1, got 0"),
 ])
 def test_end_to_end_refuses_arguments_it_cannot_run_before_measuring(monkeypatch, changes, message):
-    monkeypatch.setattr(streaming.step_profile, "copy_bandwidth", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.setattr(end_to_end.step_profile, "copy_bandwidth", lambda *a, **k: pytest.fail("measured before refusing"))
     with pytest.raises(ValueError, match=re.escape(message)):
-        streaming.run(**dict(TINY_END_TO_END, **changes))
+        end_to_end.run(**dict(TINY_END_TO_END, **changes))
 
 
 def test_end_to_end_names_its_rows_as_the_plan_does():
-    assert streaming.tag(65536, 1) == "64k" and streaming.tag(189440, 1) == "185k" and streaming.tag(65536, 8) == "b8_64k"
-    assert streaming.tag(24, 2) == "b2_24"
+    assert end_to_end.tag(65536, 1) == "64k" and end_to_end.tag(189440, 1) == "185k" and end_to_end.tag(65536, 8) == "b8_64k"
+    assert end_to_end.tag(24, 2) == "b2_24"
     # 8 requests of 64k (and what they decode) are the most rows live at once, with the warm-up prompt
-    assert streaming.pool_slots([65536, 189440], 8, 65536, 100, 4096) == 8 * (65536 + 102) + 4096 + 64
-    assert streaming.pool_slots([65536, 189440], 2, 65536, 100, 4096) == 189440 + 102 + 4096 + 64
+    assert end_to_end.pool_slots([65536, 189440], 8, 65536, 100, 4096) == 8 * (65536 + 102) + 4096 + 64
+    assert end_to_end.pool_slots([65536, 189440], 2, 65536, 100, 4096) == 189440 + 102 + 4096 + 64
 
 
 def test_the_plans_end_to_end_gate_holds_the_issues_thresholds_and_fits_one_gpu_command():
@@ -129,11 +129,11 @@ def test_the_plans_end_to_end_gate_holds_the_issues_thresholds_and_fits_one_gpu_
     assert {k: t.text for k, t in gate.targets.items()} == {
         "frac_streaming_limit_64k": ">= 0.9", "frac_streaming_limit_185k": ">= 0.9", "frac_streaming_limit_b8_64k": ">= 0.9",
         "ttft_185k_s": "<= 25"}
-    run_args = inspect.signature(streaming.run).parameters
+    run_args = inspect.signature(end_to_end.run).parameters
     assert set(gate.args) <= set(run_args)
     contexts, batch = gate.args["contexts"], gate.args["batch"]
-    names = {streaming.tag(c, 1) for c in contexts} | {streaming.tag(gate.args["batch_context"], batch)}
-    assert {f"frac_streaming_limit_{n}" for n in names} | {f"ttft_{streaming.context_label(c)}_s" for c in contexts} \
+    names = {end_to_end.tag(c, 1) for c in contexts} | {end_to_end.tag(gate.args["batch_context"], batch)}
+    assert {f"frac_streaming_limit_{n}" for n in names} | {f"ttft_{end_to_end.context_label(c)}_s" for c in contexts} \
         == set(gate.expect)
 
 
@@ -144,7 +144,7 @@ def test_the_end_to_end_fractions_are_judged_on_the_interval_of_their_samples():
     from runner.records.checks import check_thresholds
 
     gate = plan_gate("cudagraph", "end-to-end")
-    count = gate.args.get("samples", inspect.signature(streaming.run).parameters["samples"].default)
+    count = gate.args.get("samples", inspect.signature(end_to_end.run).parameters["samples"].default)
     assert count >= min_samples(gate.confidence)
     for metric, threshold in gate.expect.items():
         if not metric.startswith("frac_"):
@@ -158,7 +158,7 @@ def test_the_end_to_end_fractions_are_judged_on_the_interval_of_their_samples():
 @gpu
 @needs_cuda
 def test_replay_gate_small_gpu_profile():
-    m = verify.run(batch_sizes=[1, 4, 16], rounds=3, max_context=65536, pool_slots=400_000,
+    m = replay.run(batch_sizes=[1, 4, 16], rounds=3, max_context=65536, pool_slots=400_000,
                    greedy=dict(prompts=4, max_new_tokens=32, contexts=[4096]))
     for key in ("uncaptured_batch_sizes", "replay_mismatches", "unpadded_mismatches", "host_syncs_in_replay",
                 "padding_corrupted_rows", "mismatched_tokens", "leaked_slots"):
@@ -180,7 +180,7 @@ def test_sampled_benchmark_gates_small_gpu_profiles():
 @gpu
 @needs_cuda
 def test_end_to_end_small_gpu_profile():
-    m = streaming.run(preset="gpu-h16", contexts=[4096, 16384], batch=4, batch_context=4096, steps=5, samples=6,
+    m = end_to_end.run(preset="gpu-h16", contexts=[4096, 16384], batch=4, batch_context=4096, steps=5, samples=6,
                       warm_prompt=1024, copy_mib=512)
     for name in ("4k", "16k", "b4_4k"):
         assert all(f <= 1.05 for f in assert_samples(m, f"frac_streaming_limit_{name}", 6))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from phases.defrag import benchmark, verify
+from phases.defrag import integrity, speed
 from serving.defrag import Compaction, Defragmenter, plan_compaction
 from serving.defrag.executor import copy_rows_direct
 from tests.sampled_gates import assert_samples
@@ -30,7 +30,7 @@ def expected_metrics(gate: str) -> set[str]:
 
 
 def test_integrity_cpu_profile_passes_and_reports_the_plan_metrics():
-    m = verify.run(**dict(verify.CPU_PROFILE, rounds=2, planner_pools=20))
+    m = integrity.run(**dict(integrity.CPU_PROFILE, rounds=2, planner_pools=20))
     assert expected_metrics("integrity") <= set(m)
     assert m["corrupted_rows"] == 0 and m["leaked_slots"] == 0 and m["output_mismatches"] == 0
     assert m["attention_checks"] > 0 and m["moved_rows"] > 0 and m["tokens_compared"] > 0
@@ -38,7 +38,7 @@ def test_integrity_cpu_profile_passes_and_reports_the_plan_metrics():
 
 
 def test_speed_cpu_profile_reports_the_plan_metrics_as_samples():
-    m = benchmark.run(**dict(benchmark.CPU_PROFILE, contexts=(48,), shapes=((16, 1),), decode_batches=(), reps=1,
+    m = speed.run(**dict(speed.CPU_PROFILE, contexts=(48,), shapes=((16, 1),), decode_batches=(), reps=1,
                              samples=6))
     assert expected_metrics("speed") <= set(m)
     assert m["output_mismatches"] == 0 and m["compaction_rows_intact"] == 1
@@ -58,7 +58,7 @@ def test_contiguous_speedup_is_the_geometric_mean_over_the_rows_per_round():
                  speedup_rounds=[4.0, 1.0, 2.0], speedup_nofast_rounds=[1.0, 4.0, 1.0], fragmented_us=2.0,
                  compacted_us=2.0, compacted_fast_us=1.0, bitwise_equal=True),
             dict(name="kv_indices build", context=131072, build_us=5.0, index_bytes=4 * 131072)]
-    out = benchmark.summarize(rows, {"compaction_GBps": [900.0, 1000.0, 1100.0]})
+    out = speed.summarize(rows, {"compaction_GBps": [900.0, 1000.0, 1100.0]})
     assert out["contiguous_speedup_128k"] == pytest.approx([2.0, 2.0, 2.0])
     assert out["contiguous_speedup_nofast_128k"] == pytest.approx([1.0, 2.0, 1.0])
     assert out["compaction_us_per_layer_128k"] == pytest.approx(2 * 131072 * 576 * 2 / 1000e9 * 1e6)  # the median rate
@@ -84,12 +84,12 @@ def test_triton_row_copy_on_the_gpu():
 @gpu
 @needs_cuda
 def test_small_gpu_profiles_of_both_gates():
-    m = verify.run(requests=32, rounds=4, context=(16, 2048), attention_every=2, attention_requests=16,
+    m = integrity.run(requests=32, rounds=4, context=(16, 2048), attention_every=2, attention_requests=16,
                    engine_prompts=2, engine_context=64, engine_tokens=8, preset="tiny", speculate="tree:2x2",
                    planner_pools=20)
     assert m["corrupted_rows"] == 0 and m["leaked_slots"] == 0 and m["output_mismatches"] == 0
     assert m["attention_checks"] > 0
-    s = benchmark.run(layers=4, pool_slots=50_000, requests=8, contexts=(16384,), decode_batches=(16,), reps=5, samples=6)
+    s = speed.run(layers=4, pool_slots=50_000, requests=8, contexts=(16384,), decode_batches=(16,), reps=5, samples=6)
     assert s["output_mismatches"] == 0 and s["compaction_rows_intact"] == 1
     assert_samples(s, "compaction_GBps", 6)
     assert_samples(s, "contiguous_speedup_128k", 6)
