@@ -1,14 +1,11 @@
-"""Benchmark gate: kernel time against the best peer and as a fraction of the roofline, and
-speedup over the naive oracle.
+"""Benchmark gate: kernel time as a fraction of the roofline, speedup over the naive oracle, and
+what the tree mask and scattered slots cost.
 
-The thresholds are the peer ratios (decision of 2026-12-03, in the plan): FlashMLA and
-FlashInfer's MLA timed beside the kernel in this process by one method
-(``phases.kernel.bench.peers``: each call replayed from a CUDA graph, the three interleaved,
-medians per round) on 17 of the rows below, classed memory-bound, mid, compute-bound, decode and
-ragged; ``min_peer_ratio_<class>`` is best peer's time over the kernel's, as samples (one per
-round) of the class's worst row. The roofline fractions stay as targets. Without the peers
-installed the runner blocks the gate (``requires: module:flash_mla, module:flashinfer``); run
-standalone it raises naming them (``--no-peers`` skips the comparison).
+The thresholds are the speedup over the oracle at 64k (at least 5x), the tree mask's cost over a
+chain (at most 5%) and scattered slots' over contiguous ones (at most 10%); the roofline
+fractions are targets (decisions of 2026-12-03 and 2026-12-06, in the plan). The comparison
+against FlashMLA and FlashInfer is phase ``frontier``'s ``peers`` gate (``phases.frontier.peers``,
+with ``phases.kernel.bench.peers``).
 
 Every row: B=1 (or a ragged B=8 batch, or a batched T=1 decode row), bf16, D=576, DV=512,
 slots from ``torch.randperm`` of a fresh pool (1.25x the rows needed, and at least
@@ -46,10 +43,10 @@ Gluon, the Triton path elsewhere; each row records the path its planned call use
 
 Artifacts (through ``runner.gatekit``): ``bench.json``, ``bench.md`` and two plots,
 ``roofline-fraction`` (fraction vs context per (H, T)) and ``kv-bandwidth`` (KV bandwidth vs
-context, the naive oracle as reference series); with the peers ``peers.json`` and ``peers.md``.
+context, the naive oracle as reference series).
 
 Gate: ``call: phases.kernel.benchmark:run``.
-Standalone: ``python -m phases.kernel.benchmark [--quick] [--layers 8] [--no-peers] [--out DIR]``.
+Standalone: ``python -m phases.kernel.benchmark [--quick] [--layers 8] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -82,16 +79,6 @@ from phases.kernel.bench.cases import (
     max_request_rel_err,
 )
 from phases.kernel.bench.fit import fit_fixed_cost, fit_table
-from phases.kernel.bench.peers import (
-    DEFAULT_REPETITIONS,
-    DEFAULT_REPLAYS,
-    PeerRow,
-    load_peers,
-    measure_peers,
-    peer_shapes,
-    peers_table,
-    summarize_peers,
-)
 from phases.kernel.bench.shapes import (
     BATCH8_CONTEXTS,
     BATCH8_SHAPE,
@@ -194,11 +181,8 @@ def run(
     oracle_max_context: int | None = None,
     artifacts_dir: str | None = None,
     layers: int = DEFAULT_LAYERS,
-    peers: bool = True,
-    peer_repetitions: int = DEFAULT_REPETITIONS,
-    peer_replays: int = DEFAULT_REPLAYS,
 ) -> dict:
-    """Measure ceilings, then every row, then the rows beside the peers; return the gate's metrics.
+    """Measure ceilings, then every row; return the gate's metrics.
 
     Args:
         contexts: L values of the (H, T) sweep.
@@ -208,10 +192,6 @@ def run(
         artifacts_dir: where ``bench.json``, ``bench.md`` and the plots go (None: the runner's
             artifacts through ``runner.gatekit``, nothing outside the runner).
         layers: layers of the captured step each row is timed in (``time_us`` = replay / layers).
-        peers: time FlashMLA and FlashInfer beside the kernel (``phases.kernel.bench.peers``);
-            they are imported first, so a missing one raises before any row is timed.
-        peer_repetitions: rounds of the comparison, one ratio sample each.
-        peer_replays: replays of each kernel per round.
     Returns:
         metrics: ``copy_bw_TBps``, ``bf16_TFLOPs``, ``min_frac_{memory,mid,compute}_{64k,16k}``,
         ``min_frac_decode_16k`` (the batched T=1 rows at 16k), ``frac_ragged`` and
@@ -220,11 +200,7 @@ def run(
         ``rows_triton`` (rows whose planned call the default dispatch sent to each kernel path;
         each row's ``path`` is in bench.json and the table), ``elapsed_s`` and
         ``frac_<row>``/``us_<row>``/``isolated_us_<row>`` per row (e.g. ``frac_h16_t8_128k``).
-        Fractions are of the layered time. With ``peers``: ``min_peer_ratio_<class>`` (memory,
-        mid, compute, decode, ragged) and ``peer_ratio_<row>`` as samples, ``peer_rows`` and
-        ``max_rel_err_peer_rows`` (the kernel's error there, also in ``max_rel_err``); see
-        ``phases.kernel.bench.peers.summarize_peers``. A class metric is absent when no row of
-        it ran (or, for a ratio, when no peer or not the kernel could be timed on it).
+        Fractions are of the layered time. A class metric is absent when no row of it ran.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("The benchmark gate needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -232,36 +208,15 @@ def run(
 
     device = torch.device("cuda")
     started = time.perf_counter()
-    peer_libs = load_peers(device) if peers else None  # a missing peer raises before 60 s of rows
     ceilings = measure_ceilings(device)
     spec = BenchSpec(contexts=tuple(contexts), oracle_max_context=oracle_max_context, seed=seed, layers=layers)
     rows = measure_rows(spec, mla_verify_attention, ceilings, device, prepare_run=eager_planned_run)
-    peer_rows: list[PeerRow] = []
-    if peer_libs is not None:
-        shapes = peer_shapes(seed)
-        measured: list[PeerRow] = []
-
-        def report(row: PeerRow) -> None:
-            measured.append(row)
-            gatekit.progress(len(measured), len(shapes))
-
-        peer_rows = measure_peers(shapes, ceilings, device, peer_libs, repetitions=peer_repetitions,
-                                  replays=peer_replays, on_row=report)
     metrics = summarize(rows, ceilings)
-    if peer_libs is not None:
-        metrics.update(summarize_peers(peer_rows))
-        metrics["max_rel_err"] = max(metrics["max_rel_err"], metrics.get("max_rel_err_peer_rows", 0.0))
     device_info = describe_device(device)
-    if peer_libs is not None:
-        device_info["peers"] = peer_libs.versions
     table = markdown_table(rows, ceilings, device_info)
-    peer_table = peers_table(peer_rows, peer_libs.versions) if peer_libs is not None else None
-    write_artifacts(None if artifacts_dir is None else Path(artifacts_dir), rows, ceilings, device_info, metrics, table,
-                    peer_rows=peer_rows if peer_libs is not None else None, peer_table=peer_table)
+    write_artifacts(None if artifacts_dir is None else Path(artifacts_dir), rows, ceilings, device_info, metrics, table)
     metrics["elapsed_s"] = round(time.perf_counter() - started, 2)
-    print(table, flush=True)  # the gate's log keeps the tables
-    if peer_table is not None:
-        print(peer_table, flush=True)
+    print(table, flush=True)  # the gate's log keeps the table
     return metrics
 
 
@@ -655,12 +610,9 @@ def write_artifacts(
     device_info: dict,
     metrics: dict,
     table: str,
-    peer_rows: list[PeerRow] | None = None,
-    peer_table: str | None = None,
 ) -> None:
     """``bench.json`` (rows, ceilings, device, metrics), ``bench.md`` (the table) and the plots
-    (see ``plots``), and with ``peer_rows`` ``peers.json`` and ``peers.md`` (``peer_table``):
-    into ``directory``, or the runner's artifacts through ``runner.gatekit`` when it is None
+    (see ``plots``): into ``directory``, or the runner's artifacts through ``runner.gatekit`` when it is None
     (nothing outside the runner)."""
     payload = {
         "device": device_info,
@@ -672,10 +624,6 @@ def write_artifacts(
     payload["fixed_cost"] = [asdict(f) for f in fits]
     files = {"bench.json": json.dumps(payload, indent=1), "bench.md": table,
              "fixed_cost.md": fit_table(fits, ceilings.copy_bw_bytes_per_s / 1e12)}
-    if peer_rows is not None:
-        files["peers.json"] = json.dumps({"device": device_info, "ceilings": asdict(ceilings),
-                                          "rows": [asdict(r) for r in peer_rows]}, indent=1)
-        files["peers.md"] = peer_table or ""
     figures = plots(rows)
     if directory is None:
         for name, text in files.items():
@@ -763,17 +711,13 @@ def eager_planned_run(inputs: dict, out: torch.Tensor) -> Callable[[], object]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: run the benchmark (which prints the table), then print the metrics."""
-    parser = argparse.ArgumentParser(description="Benchmark mla_verify_attention against its peers and the roofline.")
+    parser = argparse.ArgumentParser(description="Benchmark mla_verify_attention against the roofline and the oracle.")
     parser.add_argument("--quick", action="store_true", help="64k and 128k only; oracle at 64k only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for bench.json, bench.md and the plots")
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS, help="layers of the captured step per row")
-    parser.add_argument("--no-peers", action="store_true", help="skip FlashMLA and FlashInfer (no peer ratios)")
-    parser.add_argument("--peer-repetitions", type=int, default=DEFAULT_REPETITIONS,
-                        help="rounds of the peer comparison (ratio samples per row)")
     args = parser.parse_args(argv)
-    common = dict(seed=args.seed, artifacts_dir=args.out, layers=args.layers, peers=not args.no_peers,
-                  peer_repetitions=args.peer_repetitions)
+    common = dict(seed=args.seed, artifacts_dir=args.out, layers=args.layers)
     if args.quick:
         metrics = run(contexts=QUICK_CONTEXTS, oracle_max_context=65536, **common)
     else:

@@ -4,8 +4,10 @@ On held-out prompts, plain greedy decoding (its top-two logit gaps recorded) and
 speculation decode the same requests, first with the model in float32, then in bf16, both
 through the kernel backend with CUDA graphs where there is a GPU. Where the outputs first
 differ, a plain gap of at most one bf16 ulp of its top logit makes it a near tie
-(``phases.common.greedy.compare``): allowed in bf16, counted per 1k tokens; any other
-divergence counts its tokens in ``mismatched_tokens_*``. In float32 there must be none of either.
+(``phases.common.greedy.compare``): counted per 1k tokens, in float32 as in bf16 (decision of
+2026-12-06: the float32 model reads a bf16 pool, and decode and verify reduce a row in different
+orders); any other divergence counts its tokens in ``mismatched_tokens_*``, which must be 0.
+None in float32 (``near_tie_divergences_fp32``) is a target: decode and verify bit-identical.
 
 Gate: ``call: phases.speculation.greedy_trained:run`` (CUDA). CPU profile (tests):
 ``run(tiny=True, prompts=2, context=48, max_new_tokens=12, device="cpu")``.

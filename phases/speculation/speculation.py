@@ -8,16 +8,19 @@ generation first settles every kernel. Rows: ``{mode}_{ctx}_b{B}_tok_s``, ``_tok
 (tokens emitted per request per step: 1 for plain) and, for the speculative modes, ``_ratio``
 (tokens/s over plain's at the same context and batch).
 
-The headline's two sides, plain and the MTP tree, are measured at batch 1 in ``samples`` rounds
-(7 by default), each on its own held-out prompt (round ``r``: the ``r``-th), both engines kept
-and their order alternating round by round, so drift and the prompt hit both sides alike. Their
-rows' ``_tokens_per_step`` and the tree's ``_ratio`` (against plain on the same prompt) are
-samples, one per round, and ``_tok_s`` the median; every other row is measured once, on the
-first prompts, its ratio over plain's reported tokens/s.
+The headline's sides, plain and the two MTP modes (chain and tree), are measured at batch 1 in
+``samples`` rounds (7 by default), each on its own held-out prompt (round ``r``: the ``r``-th),
+the engines kept and their order rotating round by round, so drift and the prompt hit every
+side alike. Their rows' ``_tokens_per_step`` and each MTP mode's ``_ratio`` (against plain on the
+same prompt) are samples, one per round, and ``_tok_s`` the median; every other row is measured
+once, on the first prompts, its ratio over plain's reported tokens/s.
 
-Headline metrics: ``mtp_tree_ratio_b1`` and ``mtp_tree_tokens_per_step_b1``, per round the
-smallest over the contexts at batch 1: samples, whose thresholds the runner judges on the
-interval of their median.
+Headline metrics, per round the smallest over the contexts at batch 1 (samples, whose thresholds
+the runner judges on the interval of their median): ``mtp_<mode>_ratio_b1`` and
+``mtp_<mode>_tokens_per_step_b1`` for each MTP mode measured, and ``mtp_best_ratio_b1`` /
+``mtp_best_tokens_per_step_b1``, those of the MTP mode whose ratio has the higher median
+(``mtp_best_mode`` names it): speculation pays when its better mode does (decision of
+2026-12-06); the tree's own ratio is phase ``frontier``'s ``mtp-tree`` gate.
 
 Gate: ``call: phases.speculation.speculation:run`` (CUDA). CPU profile (tests):
 ``run(tiny=True, contexts=[48], batch_sizes=[1, 2], max_new_tokens=8, device="cpu")``.
@@ -42,7 +45,8 @@ except ImportError:  # the gate also runs where the runner is not importable
     gatekit = None
 
 MODES = {"plain": None, "ngram": "ngram:4x4", "layer_skip": "tree:4x4:layers=2", "mtp_chain": "mtp:1x3", "mtp_tree": "mtp:4x3"}
-SAMPLED_MODES = ("plain", "mtp_tree")  # the headline's two sides: interleaved rounds at batch 1
+SAMPLED_MODES = ("plain", "mtp_chain", "mtp_tree")  # the headline's sides: interleaved rounds at batch 1
+MTP_MODES = ("mtp_chain", "mtp_tree")
 
 
 def _label(ctx: int) -> str:
@@ -120,20 +124,31 @@ def run(contexts: list[int] = (2048, 16384), batch_sizes: list[int] = (1, 8), ma
             metrics[key + "_ratio"] = ratios([t for t, _ in runs], [t for t, _ in results[("plain", ctx, 1)]])
         else:
             metrics[key + "_ratio"] = metrics[key + "_tok_s"] / metrics[plain + "_tok_s"]
-    if "mtp_tree" in modes and 1 in batch_sizes:
-        metrics["mtp_tree_ratio_b1"] = _worst_context(metrics, contexts, "_ratio")
-        metrics["mtp_tree_tokens_per_step_b1"] = _worst_context(metrics, contexts, "_tokens_per_step")
+    if 1 in batch_sizes:
+        headline_modes = [m for m in MTP_MODES if m in modes]
+        for mode in headline_modes:
+            metrics[f"{mode}_ratio_b1"] = _worst_context(metrics, contexts, mode, "_ratio")
+            metrics[f"{mode}_tokens_per_step_b1"] = _worst_context(metrics, contexts, mode, "_tokens_per_step")
+        if headline_modes:
+            best = max(headline_modes, key=lambda m: median(_as_list(metrics[f"{m}_ratio_b1"])))
+            metrics["mtp_best_mode"] = best
+            metrics["mtp_best_ratio_b1"] = metrics[f"{best}_ratio_b1"]
+            metrics["mtp_best_tokens_per_step_b1"] = metrics[f"{best}_tokens_per_step_b1"]
     if gatekit is not None:
         gatekit.write_artifact("speculation.md", table(rows) + "\n" + metrics_table(metrics))
     return metrics
 
 
-def _worst_context(metrics: dict, contexts, suffix: str):
-    """The MTP tree's batch-1 ``suffix`` metric at the worse context: per round when sampled."""
-    values = [metrics[f"mtp_tree_{_label(c)}_b1{suffix}"] for c in contexts]
+def _worst_context(metrics: dict, contexts, mode: str, suffix: str):
+    """``mode``'s batch-1 ``suffix`` metric at the worse context: per round when sampled."""
+    values = [metrics[f"{mode}_{_label(c)}_b1{suffix}"] for c in contexts]
     if isinstance(values[0], list):
         return [min(per_context) for per_context in zip(*values)]
     return min(values)
+
+
+def _as_list(value) -> list[float]:
+    return value if isinstance(value, list) else [value]
 
 
 def _say_row(say, mode: str, ctx: int, b: int, runs: list[tuple[float, float]]) -> None:

@@ -30,12 +30,36 @@ def test_benchmark_reports_every_mode_and_the_headline_as_samples():
     for mode in speculation.MODES:
         assert m[f"{mode}_40_b1_tok_s"] > 0
         assert m[f"{mode}_40_b2_tokens_per_step"] >= 1
-    assert m["mtp_tree_ratio_b1"] == m["mtp_tree_40_b1_ratio"]
-    assert_samples(m, "mtp_tree_ratio_b1", 6)
-    per_step = assert_samples(m, "mtp_tree_tokens_per_step_b1", 6)
-    assert all(1 <= p <= 1 + 12 for p in per_step)
+    for mode in ("mtp_chain", "mtp_tree"):  # both MTP modes are sampled sides at batch 1
+        assert m[f"{mode}_ratio_b1"] == m[f"{mode}_40_b1_ratio"]
+        assert_samples(m, f"{mode}_ratio_b1", 6)
+        per_step = assert_samples(m, f"{mode}_tokens_per_step_b1", 6)
+        assert all(1 <= p <= 1 + 12 for p in per_step)
     assert assert_samples(m, "plain_40_b1_tokens_per_step", 6) == [1.0] * 6
     assert isinstance(m["ngram_40_b1_ratio"], float) and isinstance(m["mtp_tree_40_b2_ratio"], float)
+    best = m["mtp_best_mode"]
+    assert best in ("mtp_chain", "mtp_tree")
+    assert m["mtp_best_ratio_b1"] == m[f"{best}_ratio_b1"]
+    assert m["mtp_best_tokens_per_step_b1"] == m[f"{best}_tokens_per_step_b1"]
+
+
+def test_benchmark_judges_the_mtp_mode_whose_median_ratio_is_higher(monkeypatch):
+    """A planted chain twice as fast as plain and a tree at plain's speed: the chain is the best
+    mode, whatever order the modes were measured in."""
+    speeds = {"plain": 100.0, "mtp_chain": 200.0, "mtp_tree": 100.0}
+
+    def fake(engine, prompts, max_new_tokens, what):
+        mode = what.split(" at ")[0]
+        return speeds[mode], 3.0 if mode != "plain" else 1.0
+
+    monkeypatch.setattr(speculation, "measure", fake)
+    m = speculation.run(tiny=True, contexts=[40], batch_sizes=[1], max_new_tokens=2, samples=6, device="cpu",
+                        modes={"plain": None, "mtp_tree": "mtp:2x2", "mtp_chain": "mtp:1x2"})
+    assert m["mtp_best_mode"] == "mtp_chain" and m["mtp_best_ratio_b1"] == [2.0] * 6
+    speeds.update(mtp_chain=100.0, mtp_tree=250.0)
+    m = speculation.run(tiny=True, contexts=[40], batch_sizes=[1], max_new_tokens=2, samples=6, device="cpu",
+                        modes={"plain": None, "mtp_tree": "mtp:2x2", "mtp_chain": "mtp:1x2"})
+    assert m["mtp_best_mode"] == "mtp_tree" and m["mtp_best_ratio_b1"] == [2.5] * 6
 
 
 def test_benchmark_rounds_alternate_the_two_engines_and_use_one_prompt_each(monkeypatch):
@@ -46,7 +70,7 @@ def test_benchmark_rounds_alternate_the_two_engines_and_use_one_prompt_each(monk
         calls.append((what, prompts))
         return original(engine, prompts, max_new_tokens, what)
 
-    monkeypatch.setattr(benchmark, "measure", recording)
+    monkeypatch.setattr(speculation, "measure", recording)
     m = speculation.run(tiny=True, contexts=[40], batch_sizes=[1], max_new_tokens=2, samples=3, device="cpu",
                       modes={"plain": None, "mtp_tree": "mtp:2x2"})
     rounds = [(what, prompts) for what, prompts in calls if "round" in what]

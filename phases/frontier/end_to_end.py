@@ -33,8 +33,8 @@ Decisions:
 - Timing fits one 10-minute GPU command: on an H200 the 185k prefill alone took about 100 s
   (2026-12-02); capture, the 64k prefill and the decode rows a minute or two more.
 
-Gate: ``call: phases.cudagraph.end_to_end:run`` (CUDA).
-Standalone: ``python -m phases.cudagraph.end_to_end --args '{"contexts": [65536], "batch_context": 65536}'``.
+Gate: ``call: phases.frontier.end_to_end:run`` (CUDA).
+Standalone: ``python -m phases.frontier.end_to_end --args '{"contexts": [65536], "batch_context": 65536}'``.
 """
 
 from __future__ import annotations
