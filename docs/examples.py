@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -58,7 +59,7 @@ SAMPLES = {
 
 NOISY = ROOT / "docs" / "noisy"
 NOISY_FILE = RUNNER_DOC
-# the noisy sample: (environment, arguments) of each command, as typed in the README
+# the noisy sample: (environment, arguments) of each command, as typed in docs/runner.md
 NOISY_COMMANDS = [
     ({}, ["gate", "steady", "--out", "../base.json"]),
     ({}, ["gate", "wobbly"]),
@@ -73,14 +74,15 @@ _VARYING = [
 ]
 
 TOUR_FILE = README
-# the tour: (the block it shows in, the command as typed); the commands run in one scratch folder
+# the tour: (the block it shows in, the command as typed, its exit code); the commands run in one
+# scratch folder, each where the one before left off
 TOUR = [
-    ("tour", 'git init -q toy && cd toy && git commit -q --allow-empty -m "an empty repository"'),
-    ("tour", "runner init plans/toy.md --id toy --phases build,bench"),
-    ("tour", "runner advance"),
-    ("tour-pass", "echo 'def run(): return {\"answer\": 42}' > checks.py"),
-    ("tour-pass", "runner advance"),
-    ("tour-pass", "runner status"),
+    ("tour", 'git init -q toy && cd toy && git commit -q --allow-empty -m "an empty repository"', 0),
+    ("tour", "runner init plans/toy.md --id toy --phases build,bench", 0),
+    ("tour", "runner advance", 1),  # the placeholder gate fails
+    ("tour-pass", "echo 'def run(): return {\"answer\": 42}' > checks.py", 0),
+    ("tour-pass", "runner advance", 0),
+    ("tour-pass", "runner status", 0),
 ]
 TOUR_PLAN = "plans/toy.md"
 # what replaces phase build's placeholder, from its paths to its last gate, before "tour-pass"
@@ -161,8 +163,9 @@ def tour_samples(scratch: Path) -> dict[str, str]:
     bin_dir = scratch / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "runner"  # this checkout's runner, found on PATH as a user's would be
-    shim.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                    "from runner.__main__ import main\nmain()\n")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.argv[0] = {str(shim)!r}; "
+            "from runner.__main__ import main; main()")
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)} "$@"\n')
     shim.chmod(0o755)
     gitconfig = scratch / "gitconfig"
     gitconfig.write_text("[user]\n\tname = Toy\n\temail = toy@example.invalid\n[init]\n\tdefaultBranch = main\n")
@@ -172,13 +175,14 @@ def tour_samples(scratch: Path) -> dict[str, str]:
     where_file = scratch / "cwd"
     where = scratch
     lines: dict[str, list[str]] = {}
-    for block, command in TOUR:
+    for block, command, code in TOUR:
         if block == "tour-pass" and "tour-pass" not in lines:
             lines["tour-gate"] = [tour_edit(where / TOUR_PLAN)]
-        proc = subprocess.run(["bash", "-c", f'{command}\nstatus=$?\npwd > "{where_file}"\nexit $status'], cwd=where,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
-        if proc.returncode not in (0, 1):
-            raise SystemExit(f"docs/examples.py: tour: {command} exited {proc.returncode}: {proc.stdout}")
+        script = f"{command}\nstatus=$?\npwd > {shlex.quote(str(where_file))}\nexit $status"
+        proc = subprocess.run(["bash", "-c", script], cwd=where, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, check=False)
+        if proc.returncode != code:
+            raise SystemExit(f"docs/examples.py: tour: {command} exited {proc.returncode}, not {code}: {proc.stdout}")
         where = Path(where_file.read_text().strip())
         output = proc.stdout
         for pattern, stand_in in _VARYING + _TOUR_VARYING:
