@@ -1,4 +1,5 @@
-"""The README's sample runner output and docs/report-example.html match the tracked runs: when
+"""The sample runner output in README.md and docs/runner.md, and docs/report-example.html, match
+what the runner prints (for the tracked runs, the noisy benchmark and the toy plan's tour): when
 a run is added or the runner's output changes, this says so (``python docs/examples.py``
 regenerates them)."""
 
