@@ -19,14 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 LISTED = ("kernel", "serving", "phases")  # every module of these is listed
 NAMED = ("kernel", "serving", "phases", "runner", "tests", "plans", "docs")  # a path under these must exist
-# Named before their files exist (phase frontier's gate modules, to come). Each entry fails
-# test_pending_paths_are_still_pending once its file exists, so it is dropped then.
-PENDING = frozenset({
-    "phases/frontier/peers.py",
-    "phases/frontier/end_to_end.py",
-    "phases/frontier/end_to_end_fp8.py",
-    "phases/frontier/mtp_tree.py",
-})
 
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"(?:%s)/[\w.\-/]*" % "|".join(NAMED))
@@ -50,12 +42,12 @@ def unlisted(text: str, root: Path = ROOT) -> list[str]:
     return [module for module in modules(root) if module not in named]
 
 
-def missing(text: str, root: Path = ROOT, pending: frozenset[str] = PENDING) -> list[str]:
+def missing(text: str, root: Path = ROOT) -> list[str]:
     """The paths ``text`` names that do not exist under ``root`` (a trailing ``/`` asks for a folder)."""
     def exists(path: str) -> bool:
         return (root / path).is_dir() if path.endswith("/") else (root / path).exists()
 
-    return sorted(path for path in named_paths(text) if path not in pending and not exists(path))
+    return sorted(path for path in named_paths(text) if not exists(path))
 
 
 def test_every_campaign_module_is_listed():
@@ -64,13 +56,6 @@ def test_every_campaign_module_is_listed():
 
 def test_every_named_path_exists():
     assert missing(DOC.read_text(encoding="utf-8")) == [], "docs/ARCHITECTURE.md names paths that do not exist"
-
-
-def test_pending_paths_are_still_pending():
-    text = DOC.read_text(encoding="utf-8")
-    landed = sorted(path for path in PENDING if (ROOT / path).exists())
-    assert landed == [], f"these exist now: drop them from PENDING in {Path(__file__).name}"
-    assert sorted(PENDING - named_paths(text)) == [], "PENDING names paths docs/ARCHITECTURE.md no longer names"
 
 
 def test_named_paths_reads_code_spans_only():
