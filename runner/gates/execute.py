@@ -50,7 +50,7 @@ import runner
 from runner.gates import output as gateoutput
 from runner.gates.log import HEAD_BYTES, CappedLog, OutputPump
 from runner.gates.procgroup import adopt_orphans, end_escaped, end_group, own_children, with_parent_death_signal
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
+from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
 from runner.gates.repeat import run_repeated
 from runner.gates.verdict import Verdict, judge
 from runner.records.results import GateResult

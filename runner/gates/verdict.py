@@ -20,7 +20,7 @@ from typing import Any
 
 from runner.gates import call as callgate
 from runner.gates import output as gateoutput
-from runner.gates.protocol import GateFiles
+from runner.protocol import GateFiles
 from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES
 from runner.records.checks import check_thresholds
 from runner.records.results import MetricCheck

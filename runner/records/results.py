@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, V
 from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
+from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
 from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES, is_samples
 from runner.plan.schema import GATE_KINDS, ID_PATTERN
 from runner.records.machine import MachineInfo

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runner.formatting import MARKDOWN_FILTERS, one_line, table_cell
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES
+from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES
 from runner.plan.samples import DEFAULT_CONFIDENCE, metric_text
 from runner.plan.schema import Phase, Plan
 from runner.records.checks import check_thresholds

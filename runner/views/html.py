@@ -20,7 +20,7 @@ import runner
 from runner.atomic import write_atomic
 from runner.errors import ReportError
 from runner.formatting import format_metric, short
-from runner.gates.protocol import PLOT_SUFFIX
+from runner.protocol import PLOT_SUFFIX
 from runner.plan.schema import Phase
 from runner.records.places import check_reports
 from runner.plan.samples import is_samples, median_interval, representative

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from runner.formatting import one_line
-from runner.gates.protocol import PLOT_FORMAT
+from runner.protocol import PLOT_FORMAT
 
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate"}
 SCALES = ("linear", "log")

@@ -80,7 +80,7 @@ TINY_END_TO_END = dict(preset="tiny", contexts=[24, 40], batch=2, batch_context=
 
 
 def test_end_to_end_plumbing_on_cpu_reports_fractions_as_samples_and_the_profilers_tables(monkeypatch, tmp_path):
-    from runner.gates.protocol import ARTIFACTS_ENV
+    from runner.protocol import ARTIFACTS_ENV
 
     monkeypatch.setenv(ARTIFACTS_ENV, str(tmp_path))
     m = streaming.run(**TINY_END_TO_END)
