@@ -63,7 +63,8 @@ def gate(
 
     Changes no file except --out, --logs, --junit and --summary, makes no commit and takes no lock. Works in a
     copy of the tree without .git (a GPU host). With --baseline RUN the metrics are then compared with that
-    run's: a regression (significant for samples, beyond the plan's tolerance) exits 1.
+    run's: a regression (significant for samples, beyond the plan's tolerance, 10% where it declares
+    none) exits 1.
     """
     output = GateOutput()
     with domain_errors():
