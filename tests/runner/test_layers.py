@@ -36,7 +36,7 @@ LAYERS = [
     ("gates", {"runner.gates.*"}),
     ("context", {"runner.workspace", "runner.runs", "runner.phase_run"}),
     ("views", {"runner.views.*"}),
-    ("use cases", {"runner.advance", "runner.evidence", "runner.check"}),
+    ("use cases", {"runner.advance", "runner.evidence", "runner.check", "runner.gate_out"}),
     ("command line", {"runner.cli", "runner.cli.*", "runner.__main__"}),
 ]
 

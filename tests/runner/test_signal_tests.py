@@ -26,6 +26,7 @@ SIGNAL_TESTS = [
     "test_checkpoint.py::test_interrupt_inside_the_checkpoint_takes_effect_after_it",
     "test_advance.py::test_sigterm_during_gates_leaves_the_plan_and_releases_the_lock",
     "test_advance_checkpoint.py::test_sigterm_inside_the_checkpoint_completes_it",
+    "test_gate_jobs.py::test_sigterm_keeps_the_finished_gates_and_says_how_to_run_the_rest",
 ]
 LIMIT_S = 240  # the fixed tests take seconds; the old ones waited out 600 s sleeps and grace periods
 
