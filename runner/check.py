@@ -23,12 +23,12 @@ Decisions:
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.errors import ExitCode, UsageError
-from runner.gate_out import ResultsOut, phase_record
+from runner.gate_out import ResultsOut, phase_record, select_gates, unverified_note
 from runner.gates.execute import ProgressFn
 from runner.gates.preflight import check_calls
 from runner.gates.requirements import found_modules
@@ -80,42 +80,6 @@ def select_phases(plan: Plan, phase_ids: Sequence[str], completed: bool) -> list
     for phase_id in phase_ids:
         chosen.setdefault(phase_id, plan.phase(phase_id))
     return list(chosen.values())
-
-
-def select_gates(phases: Sequence[Phase], only: Sequence[str]) -> dict[str, frozenset[str] | None]:
-    """Per phase id, the gates ``--only`` selects of it (``None``: every gate, no ``--only``);
-    ``only`` holds names or comma lists of them. ``UsageError`` for a name no phase named has,
-    or a phase named that has none of the names."""
-    if not only:
-        return {phase.id: None for phase in phases}
-    names = list(dict.fromkeys(name.strip() for item in only for name in item.split(",") if name.strip()))
-    listing = "; ".join(f"{phase.id}: {', '.join(gate.name for gate in ordered_gates(phase))}" for phase in phases)
-    if not names:
-        raise UsageError(f"--only takes GATE[,GATE...], names of gates of the phases named ({listing})")
-    unknown = [name for name in names if all(name not in {gate.name for gate in phase.gates} for phase in phases)]
-    if unknown:
-        raise UsageError(f"--only names {', '.join(unknown)}, which no phase checked here has (gates: {listing})")
-    chosen = {}
-    for phase in phases:
-        picked = frozenset(name for name in names if name in {gate.name for gate in phase.gates})
-        if not picked:
-            raise UsageError(f"phase {phase.id} has none of the gates --only names ({', '.join(names)}); name "
-                             f"only the phases whose gates you run (gates: {listing})")
-        chosen[phase.id] = picked
-    return chosen
-
-
-def unverified_note(phase: Phase, only: Collection[str] | None) -> str | None:
-    """What to know when ``--only`` runs a benchmark of ``phase`` without its verify gates."""
-    if only is None:
-        return None
-    benchmarks = [gate.name for gate in phase.gates if gate.kind == "benchmark" and gate.name in only]
-    verify = [gate.name for gate in phase.gates if gate.kind == "verify" and gate.name not in only]
-    if not benchmarks or not verify:
-        return None
-    return (f"{phase.id}: benchmark {', '.join(benchmarks)} runs without the phase's verify gate(s) "
-            f"{', '.join(verify)}; it counts only where they pass in a results file imported with this one "
-            f"(runner advance --results THIS --results OTHER)")
 
 
 def check_phases(
@@ -212,6 +176,8 @@ def check_phases(
     if writer is not None:
         writer.finish(results_file)
         messages.append(f"results written to {out}" + _coverage_text(results_file, out))
+        if any(phase.coverage is not None for phase in results_file.phases):
+            messages += [note for note in [writer.counted_note()] if note]
     messages.append(f"gate logs in {log_root}")
     compared = None
     if baseline is not None:
@@ -233,6 +199,7 @@ def _interrupted(writer: ResultsOut | None, phase: Phase, log_root: Path) -> lis
     if writer.written and rest:
         lines.insert(1, f"run the rest in another job: runner gate {phase.id} --only {','.join(rest)} "
                         f"--out OTHER.json, then runner advance --results {writer.path} --results OTHER.json")
+        lines += [note for note in [writer.counted_note()] if note]
     return lines
 
 

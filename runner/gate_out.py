@@ -30,11 +30,12 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from runner.errors import ReportError
+from runner.errors import ReportError, UsageError
 from runner.plan.order import ordered_gates
 from runner.plan.schema import Phase
 from runner.records.binding import gate_definitions
 from runner.records.results import Coverage, GateResult, PhaseResults, ResultsFile
+from runner.records.run_folder import REPORTS_DIR
 from runner.runs import RunContext
 from runner.workspace import Workspace
 
@@ -51,6 +52,42 @@ def phase_record(phase: Phase, gates: list[GateResult], only: Collection[str] | 
         coverage = Coverage(covered=names, not_covered=[name for name in every if name not in names],
                             only=None if selected == every else selected, finished=finished)
     return PhaseResults(phase=phase.id, gates=gates, definitions=gate_definitions(phase), coverage=coverage)
+
+
+def select_gates(phases: Sequence[Phase], only: Sequence[str]) -> dict[str, frozenset[str] | None]:
+    """Per phase id, the gates ``--only`` selects of it (``None``: every gate, no ``--only``);
+    ``only`` holds names or comma lists of them. ``UsageError`` for a name no phase named has,
+    or a phase named that has none of the names."""
+    if not only:
+        return {phase.id: None for phase in phases}
+    names = list(dict.fromkeys(name.strip() for item in only for name in item.split(",") if name.strip()))
+    listing = "; ".join(f"{phase.id}: {', '.join(gate.name for gate in ordered_gates(phase))}" for phase in phases)
+    if not names:
+        raise UsageError(f"--only takes GATE[,GATE...], names of gates of the phases named ({listing})")
+    unknown = [name for name in names if all(name not in {gate.name for gate in phase.gates} for phase in phases)]
+    if unknown:
+        raise UsageError(f"--only names {', '.join(unknown)}, which no phase checked here has (gates: {listing})")
+    chosen = {}
+    for phase in phases:
+        picked = frozenset(name for name in names if name in {gate.name for gate in phase.gates})
+        if not picked:
+            raise UsageError(f"phase {phase.id} has none of the gates --only names ({', '.join(names)}); name "
+                             f"only the phases whose gates you run (gates: {listing})")
+        chosen[phase.id] = picked
+    return chosen
+
+
+def unverified_note(phase: Phase, only: Collection[str] | None) -> str | None:
+    """What to know when ``--only`` runs a benchmark of ``phase`` without its verify gates."""
+    if only is None:
+        return None
+    benchmarks = [gate.name for gate in phase.gates if gate.kind == "benchmark" and gate.name in only]
+    verify = [gate.name for gate in phase.gates if gate.kind == "verify" and gate.name not in only]
+    if not benchmarks or not verify:
+        return None
+    return (f"{phase.id}: benchmark {', '.join(benchmarks)} runs without the phase's verify gate(s) "
+            f"{', '.join(verify)}; it counts only where they pass in a results file imported with this one "
+            f"(runner advance --results THIS --results OTHER)")
 
 
 class ResultsOut:
@@ -100,6 +137,19 @@ class ResultsOut:
         if not self.written:
             return f"{self.path} was not written"
         return f"{self.path} keeps the {self.written} gate(s) that finished before"
+
+    def counted_note(self) -> str | None:
+        """A warning when FILE lies in the tree where the fingerprint counts it: a next job in
+        this copy of the tree would then run on another tree, whose results do not combine."""
+        try:
+            rel = self.path.resolve().relative_to(self.ws.root.resolve()).as_posix()
+        except (ValueError, OSError):
+            return None
+        if rel not in self.ws.tree_state().files:
+            return None
+        return (f"note: {self.path} lies in the tree, where the fingerprint counts it: a next job in this copy "
+                "would run on another tree, and its results would not combine with these; write the results "
+                f"files of one phase outside the tree, under {REPORTS_DIR}/, or in a folder .gitignore ignores")
 
     def _write(self, phases: list[PhaseResults]) -> None:
         try:

@@ -24,7 +24,7 @@ from runner.plan.order import GateStep, plan_run
 from runner.plan.schema import Phase
 from runner.records import machine as machine_probe
 from runner.records.binding import gate_definitions
-from runner.records.combine import import_results
+from runner.records.combine import NOT_COVERED, import_results
 from runner.records.machine import MachineInfo
 from runner.records.places import check_paths, check_reports, check_run_folder
 from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
@@ -156,7 +156,8 @@ def judge(
     """The run's outcome, with a note appended to ``notes`` where it needs one, and for a pass
     the tree as fingerprinted after the gates (what a checkpoint may commit): a ``PASS`` on a
     tree whose fingerprint is no longer ``fingerprint`` is a ``FAIL`` (``changed(now)`` says
-    so), a ``BLOCKED`` one says how to finish elsewhere, and ``SKIPPED`` (no gate ran, which a
+    so), a ``BLOCKED`` one says how to finish elsewhere (unless only gates no imported file
+    covered blocked it: the import's note names them), and ``SKIPPED`` (no gate ran, which a
     valid plan cannot give) is not a pass."""
     outcome = phase_results.outcome
     if outcome == "PASS":
@@ -165,7 +166,8 @@ def judge(
             return outcome, state
         notes.append(changed(state.fingerprint))
         return "FAIL", None
-    if outcome == "BLOCKED":
+    blocked = [gate for gate in phase_results.gates if gate.outcome == "BLOCKED"]
+    if outcome == "BLOCKED" and not all(gate.reason.startswith(NOT_COVERED) for gate in blocked):
         notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
     elif outcome == "SKIPPED":
         outcome = "FAIL"

@@ -83,7 +83,7 @@ def gate(
     with domain_errors():
         ws = open_workspace(plan)
         baseline_run = resolve_run(ws, baseline) if baseline is not None else None
-        with interrupt_on_sigterm(), output.running(), _saying_what_was_kept():
+        with _saying_what_was_kept(), interrupt_on_sigterm(), output.running():
             check = check_phases(
                 ws,
                 phases or [],

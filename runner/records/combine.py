@@ -81,7 +81,9 @@ def import_results(plan: Plan, phase: Phase, paths: Sequence[Path], fingerprint:
         if results.fingerprint != first.fingerprint:
             raise ResultsError(
                 f"{first_path} was measured on tree {first.fingerprint} and {path} on tree {results.fingerprint}: "
-                "the results files of one phase must come from one tree; copy the same tree to every job"
+                "the results files of one phase must come from one tree; copy the same tree to every job (a "
+                "results file an earlier job left inside the tree is part of the next job's tree: write them "
+                "outside it, under reports/, or in a folder .gitignore ignores)"
             )
     for path, results in loaded:
         check_tree(path, results, fingerprint)

@@ -185,3 +185,22 @@ def test_only_may_be_repeated(tmp_path, runner_env):
     out = tmp_path / "r.json"
     assert job(runner_env, host, out, "--only", "check", "--only", "build").exit_code == 0
     assert coverage(out)["covered"] == ["build", "check"]
+
+
+def test_a_partial_file_in_the_tree_is_named_and_one_under_reports_combines(tmp_path, runner_env):
+    repo, host, _ = split_repo(tmp_path)
+    inside = host / "r1.json"
+    result = job(runner_env, host, inside, "--only", "build,check")
+    assert result.exit_code == 0 and f"note: {inside} lies in the tree" in result.text, result.text
+    later = job(runner_env, host, tmp_path / "r2.json", "--only", "bench")
+    assert ResultsFile.load(tmp_path / "r2.json").fingerprint != ResultsFile.load(inside).fingerprint
+    refused = cli(runner_env, repo.root, "advance", "--results", str(inside), "--results", str(tmp_path / "r2.json"))
+    assert refused.exit_code == 2 and "an earlier job left inside the tree" in refused.stderr, refused.text
+    inside.unlink()
+    kept = [host / "reports" / "r1.json", host / "reports" / "r2.json"]  # the fingerprint leaves reports/ out
+    for out, only in zip(kept, ("build,check", "bench")):
+        result = job(runner_env, host, out, "--only", only)
+        assert result.exit_code == 0 and "lies in the tree" not in result.text, result.text
+    assert later.exit_code == 0
+    result = cli(runner_env, repo.root, "advance", "--results", str(kept[0]), "--results", str(kept[1]))
+    assert result.exit_code == 0, result.text
