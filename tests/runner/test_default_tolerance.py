@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from runner.plan.schema import DEFAULT_TOLERANCE
 from runner.views.diff import compare_metric
 from tests.runner.repo_fixtures import cli, default_phases, gate, make_repo
 from tests.runner.run_samples import gate_result, results, write_run
@@ -88,7 +87,7 @@ def test_a_noisy_change_is_not_judged_however_far_its_median_moved():
 def test_single_numbers_use_the_default_on_the_effect_alone(new, verdict):
     row = compare_metric("p", "g", "m", 2.0, new, threshold=">= 1", direction="higher", tolerance=None,
                          comparable=True)
-    assert row.verdict == verdict and row.tolerance == DEFAULT_TOLERANCE and row.tolerance_default
+    assert row.verdict == verdict and row.tolerance == 0.10 and row.tolerance_default  # the 10%
 
 
 def test_a_metric_without_a_direction_gets_no_tolerance():
