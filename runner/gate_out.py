@@ -21,8 +21,8 @@ Decisions:
   ends before its first gate finishes leaves it as it was.
 - A phase run with ``--only`` keeps its ``coverage`` (``only``, ``finished: true``) in the
   final file; a phase all of whose gates ran has none, so the file reads as it always did.
-- A disk that refuses a write mid-run does not stop the gates; the next gate tries again, and
-  the final write turns a refusal into ``ReportError``.
+- A disk that refuses a write mid-run does not stop the gates; the next gate tries again, an
+  interrupted run names the refusal, and the final write turns a refusal into ``ReportError``.
 """
 
 from __future__ import annotations
@@ -133,10 +133,12 @@ class ResultsOut:
         self.written = sum(len(phase.gates) for phase in results.phases)
 
     def kept(self) -> str:
-        """What FILE holds after a run that did not finish it, in words."""
+        """What FILE holds after a run that did not finish it, in words (with the last write's
+        refusal, if the disk refused it)."""
+        refused = f" ({self.problem})" if self.problem else ""
         if not self.written:
-            return f"{self.path} was not written"
-        return f"{self.path} keeps the {self.written} gate(s) that finished before"
+            return f"{self.path} was not written{refused}"
+        return f"{self.path}{refused} keeps the {self.written} gate(s) that finished before"
 
     def counted_note(self) -> str | None:
         """A warning when FILE lies in the tree where the fingerprint counts it: a next job in

@@ -203,3 +203,28 @@ def test_a_partial_file_in_the_tree_is_named_and_one_under_reports_combines(tmp_
     assert later.exit_code == 0
     result = cli(runner_env, repo.root, "advance", "--results", str(kept[0]), "--results", str(kept[1]))
     assert result.exit_code == 0, result.text
+
+
+def test_a_disk_that_refuses_a_write_stops_no_gate(tmp_path, runner_env):
+    import errno
+
+    from runner.records import results as results_module
+
+    repo, host, _ = split_repo(tmp_path)
+    real_dump, calls = results_module.ResultsFile.dump, []
+
+    def full_once(self, path):  # the disk is full for the first write only
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_dump(self, path)
+
+    runner_env.setattr(results_module.ResultsFile, "dump", full_once)
+    out = tmp_path / "r.json"
+    result = job(runner_env, host, out)
+    assert result.exit_code == 0, result.text
+    assert len(calls) == 4 and coverage(out) is None  # three gates, then the final write
+    runner_env.setattr(results_module.ResultsFile, "dump", lambda self, path: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    refused = job(runner_env, host, tmp_path / "never.json")
+    assert refused.exit_code == 2 and "cannot write --out" in refused.stderr and "No space left" in refused.stderr
