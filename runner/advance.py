@@ -19,15 +19,19 @@ Everything that can be refused without running a gate is refused first: the plan
 paths, where the report goes, the git state, and whether the plan's bytes can take the new
 status. ``--results`` checkpoints results measured elsewhere (``runner gate --out``) after
 checking that they belong to this plan, phase, gate definitions and tree and that every
-threshold holds. The results file is never part of the tree: like ``--out`` where it was
-made, it is left out of the fingerprint wherever it lies, and one under the phase's paths
-(which the checkpoint commits) is refused before anything is checked. An interrupt (Ctrl-C, SIGTERM) during the gates leaves the plan as it was.
+threshold holds; several ``--results`` files, each holding some of the phase's gates
+(``runner gate --only``, or a job cut short), are combined into one record
+(``runner.records.combine``), and one that leaves a gate uncovered is never checkpointed. A
+results file is never part of the tree: like ``--out`` where it was made, it is left out of
+the fingerprint wherever it lies, and one under the phase's paths (which the checkpoint
+commits) is refused before anything is checked. An interrupt (Ctrl-C, SIGTERM) during the gates leaves the plan as it was.
 ``--evidence`` is ``runner.evidence``.
 """
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +74,7 @@ class AdvanceOutcome:
 def advance(
     ws: Workspace,
     *,
-    results_path: Path | None = None,
+    results: Sequence[Path] = (),
     dry_run: bool = False,
     machine: MachineInfo | None = None,
     on_result: ResultFn | None = None,
@@ -82,15 +86,17 @@ def advance(
 ) -> AdvanceOutcome:
     """Advance the plan of ``ws`` by one phase (see the module docstring).
 
-    ``phase_id``: the phase the caller means (it must be the next one). ``evidence``: record a
-    run of a later phase as evidence instead (``runner.evidence.record_evidence``).
+    ``results``: results files to import instead of running the gates (one file, or several
+    that together hold every gate). ``phase_id``: the phase the caller means (it must be the
+    next one). ``evidence``: record a run of a later phase as evidence instead
+    (``runner.evidence.record_evidence``).
 
     ``wait_s``: when another runner holds the repository lock, wait up to that many seconds
     for it (``math.inf``: no limit) instead of refusing at once.
     """
     callbacks = Callbacks(on_result, on_progress, on_start)
     if evidence:
-        outcome = record_evidence(ws, phase_id, results_path=results_path, dry_run=dry_run, machine=machine,
+        outcome = record_evidence(ws, phase_id, results=results, dry_run=dry_run, machine=machine,
                                   callbacks=callbacks, wait_s=wait_s)
         return AdvanceOutcome(outcome.exit_code, phase=outcome.phase, report=outcome.report,
                               messages=outcome.messages)
@@ -103,9 +109,10 @@ def advance(
             f"phases are checkpointed in order and the next one is {phase.id}, not {phase_id}; "
             f"to record a run of {phase_id} as evidence while it waits, add --evidence"
         )
-    _refuse_early(ws, phase, results_path)
+    results = tuple(results)
+    _refuse_early(ws, phase, results)
     if dry_run:
-        return _dry_run(ws, phase, results_path, machine)
+        return _dry_run(ws, phase, results, machine)
     _check_repo(ws.root)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance", wait_s=wait_s):
         claimed = checkpoints.uncommitted_complete_tags(ws.root, ws.plan_rel)
@@ -116,14 +123,14 @@ def advance(
         phase = next_phase(ws.plan)
         if phase is None:
             return AdvanceOutcome(ExitCode.OK, messages=[f"every phase of plan {ws.plan.id} is complete"])
-        _refuse_early(ws, phase, results_path)
+        _refuse_early(ws, phase, results)
         base = _check_repo(ws.root)
         branch = git.current_branch(ws.root)  # the checkpoint lands here, or nowhere
         checkpoints.preflight(  # before any gate
             ws.root, tag=f"{ws.plan.id}/{phase.id}", expected_head=base, expected_branch=branch
         )
         try:
-            return _advance_locked(ws, phase, base, branch, results_path, machine, callbacks)
+            return _advance_locked(ws, phase, base, branch, results, machine, callbacks)
         except KeyboardInterrupt:
             made = git.tag_commit(ws.root, f"{ws.plan.id}/{phase.id}")  # the interrupt came inside the checkpoint
             made = made if made is not None and made == git.head(ws.root) else None
@@ -135,17 +142,17 @@ def advance(
             )
 
 
-def _refuse_early(ws: Workspace, phase: Phase, results_path: Path | None) -> None:
+def _refuse_early(ws: Workspace, phase: Phase, results: Sequence[Path]) -> None:
     """What can be refused before any gate runs: a ``call:`` that names no code (unless the
     gates ran elsewhere), paths and reports outside the repository, a path git ignores, a
     results file under the phase's paths, a plan whose bytes cannot take the phase's new status
     (``PlanError``)."""
-    if results_path is None:
+    if not results:
         check_calls(ws.doc, phase, ws.root)
     check_writes(ws, phase, git=True)
     check_paths_committable(ws.doc, phase, ws.root)
-    if results_path is not None:
-        check_results_outside_paths(phase, ws.root, results_path)
+    for path in results:
+        check_results_outside_paths(phase, ws.root, path)
     check_rewritable(ws.doc, phase.id)
 
 
@@ -158,9 +165,9 @@ def _check_repo(root: Path) -> str:
     return base
 
 
-def _dry_run(ws: Workspace, phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> AdvanceOutcome:
+def _dry_run(ws: Workspace, phase: Phase, results: Sequence[Path], machine: MachineInfo | None) -> AdvanceOutcome:
     lines = [f"plan {ws.plan.id} ({ws.plan_rel}): next phase {phase.id} ({phase.status})",
-             *step_lines(ws, phase, results_path, machine), "dry run: nothing was changed"]
+             *step_lines(ws, phase, results, machine), "dry run: nothing was changed"]
     return AdvanceOutcome(ExitCode.OK, phase=phase.id, messages=lines)
 
 
@@ -169,15 +176,15 @@ def _advance_locked(
     phase: Phase,
     base: str,
     branch: str | None,
-    results_path: Path | None,
+    results: Sequence[Path],
     machine: MachineInfo | None,
     callbacks: Callbacks,
 ) -> AdvanceOutcome:
-    own_files = [results_path] if results_path is not None else []
+    own_files = list(results)
     fingerprint = ws.fingerprint(own_files)
-    notes: list[str] = []
-    run = run_or_import(ws, phase, results_path=results_path, fingerprint=fingerprint, machine=machine,
+    run = run_or_import(ws, phase, results=results, fingerprint=fingerprint, machine=machine,
                         callbacks=callbacks, base=base)
+    notes: list[str] = list(run.notes)
     phase_results = run.phase_results(phase.id)
     outcome, tested = judge(
         ws, phase, phase_results, run.steps, own_files, fingerprint, notes,
@@ -187,7 +194,7 @@ def _advance_locked(
             "tree that nobody edits meanwhile."
         ),
     )
-    results = run.run.results(ws, [phase_results])
+    recorded = run.run.results(ws, [phase_results])
     held = _verdict_kept(ws, phase, run.run.run_dir) if outcome == "BLOCKED" else None
     meta = RunMeta()
     if held is not None:
@@ -197,7 +204,7 @@ def _advance_locked(
             f"{held.folder} ({describe_machine(held.machine)}); this report adds to it."
         )
     context = ReportContext(ws.plan, phase, outcome, base=base, source=run.source, notes=notes, meta=meta)
-    report = write_up(run.run.run_dir, results, context)
+    report = write_up(run.run.run_dir, recorded, context)
     report_rel = report.relative_to(ws.root).as_posix()
     messages = list(notes)
     if outcome != "PASS":

@@ -8,6 +8,7 @@ nothing is committed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,25 +38,28 @@ def record_evidence(
     ws: Workspace,
     phase_id: str | None,
     *,
-    results_path: Path | None = None,
+    results: Sequence[Path] = (),
     dry_run: bool = False,
     machine: MachineInfo | None = None,
     callbacks: Callbacks = Callbacks(),
     wait_s: float | None = None,
 ) -> EvidenceOutcome:
-    """Run (or import from ``results_path``) the gates of ``phase_id``, a phase that waits on an
-    earlier one, and keep them as evidence (see the module docstring).
+    """Run (or import from the ``results`` files) the gates of ``phase_id``, a phase that waits
+    on an earlier one, and keep them as evidence (see the module docstring).
 
     Refused (``UsageError``): the next phase itself (advance it), a complete phase (``runner
     gate`` checks it again), results of another plan, phase, gate definitions or tree, or a
     ``PASS`` whose metrics miss the plan's thresholds.
     """
+    results = tuple(results)
     if phase_id is None:
-        if results_path is None:
+        if not results:
             raise UsageError("--evidence needs the phase: --phase PHASE (or --results FILE)")
-        held = [p.phase for p in ResultsFile.load(Path(results_path)).phases]
+        held = list(dict.fromkeys(p.phase for path in results for p in ResultsFile.load(Path(path)).phases))
         if len(held) != 1:
-            raise UsageError(f"{results_path} holds phases {', '.join(held) or 'none'}; name one with --phase")
+            named = ", ".join(str(path) for path in results)
+            raise UsageError(f"{named} hold{'s' if len(results) == 1 else ''} phases {', '.join(held) or 'none'}; "
+                             "name one with --phase")
         phase_id = held[0]
     phase = ws.plan.phase(phase_id)
     upcoming = next_phase(ws.plan)
@@ -64,19 +68,19 @@ def record_evidence(
     if upcoming is not None and upcoming.id == phase.id:
         raise UsageError(f"{phase.id} is the next phase: `runner advance` (without --evidence) records its outcome")
     reason = f"waiting on {upcoming.id}" if upcoming is not None else "recorded as evidence"
-    if results_path is None:
+    if not results:
         check_calls(ws.doc, phase, ws.root)
     check_writes(ws, phase, git=(ws.root / ".git").exists())
     if dry_run:
         lines = [f"plan {ws.plan.id} ({ws.plan_rel}): evidence for {phase.id} ({reason})",
-                 *step_lines(ws, phase, results_path, machine),
+                 *step_lines(ws, phase, results, machine),
                  "dry run: nothing was changed; the run would change no status and commit nothing"]
         return EvidenceOutcome(ExitCode.OK, phase.id, messages=lines)
     with interrupt_on_sigterm(), repo_lock(ws.root, "runner advance --evidence", wait_s=wait_s):
-        own_files = [results_path] if results_path is not None else []
+        own_files = list(results)
         fingerprint = ws.fingerprint(own_files)
         try:
-            run = run_or_import(ws, phase, results_path=results_path, fingerprint=fingerprint, machine=machine,
+            run = run_or_import(ws, phase, results=results, fingerprint=fingerprint, machine=machine,
                                 callbacks=callbacks, base=None, evidence_reason=reason)
         except GatesInterrupted:
             return EvidenceOutcome(
@@ -84,7 +88,7 @@ def record_evidence(
                 messages=[f"interrupted while running the gates of {phase.id}; the plan was not changed"],
             )
         phase_results = run.phase_results(phase.id)
-        notes = [f"Evidence only, {reason}: this run changes no status and makes no checkpoint."]
+        notes = [f"Evidence only, {reason}: this run changes no status and makes no checkpoint.", *run.notes]
         outcome, _ = judge(
             ws, phase, phase_results, run.steps, own_files, fingerprint, notes,
             changed=lambda now: "Every gate passed, but the tree changed while they ran.",
@@ -95,6 +99,6 @@ def record_evidence(
     report_rel = report.relative_to(ws.root).as_posix()
     return EvidenceOutcome(
         exit_code_for(outcome), phase.id, report=report,
-        messages=[f"{phase.id}: evidence {outcome} ({reason}); report {report_rel}; "
+        messages=[*run.notes, f"{phase.id}: evidence {outcome} ({reason}); report {report_rel}; "
                   "status unchanged, nothing committed"],
     )

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.gates.protocol import (
+from runner.protocol import (
     ARTIFACT_NAME_PATTERN,
     ARTIFACTS_ENV,
     GATE_ENV,

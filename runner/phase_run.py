@@ -1,8 +1,9 @@
 """One run of a phase for ``advance``: its gates run here or imported, judged, and written up.
 
 ``run_or_import`` makes the run's folder under ``reports/`` and fills it with gate results,
-from this machine's gates or from a results file measured elsewhere
-(``runner.records.binding.load_matching_results``). ``judge`` turns the phase's results into the
+from this machine's gates or from results files measured elsewhere
+(``runner.records.combine.import_results``: one file, or several that each hold some of the
+phase's gates). ``judge`` turns the phase's results into the
 run's outcome (a pass on a tree that changed under the gates is a failure). ``write_up`` writes
 the report and turns a disk that refuses it into a ``ReportError``. An interrupt while the gates
 run writes what finished, the interrupted gate with its time and log, and raises
@@ -12,8 +13,8 @@ run writes what finished, the interrupted gate with its time and log, and raises
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.errors import ReportError
@@ -22,7 +23,8 @@ from runner.gates.requirements import found_modules
 from runner.plan.order import GateStep, plan_run
 from runner.plan.schema import Phase
 from runner.records import machine as machine_probe
-from runner.records.binding import gate_definitions, load_matching_results
+from runner.records.binding import gate_definitions
+from runner.records.combine import NOT_COVERED, import_results
 from runner.records.machine import MachineInfo
 from runner.records.places import check_paths, check_reports, check_run_folder
 from runner.records.results import GateResult, Outcome, PhaseResults, ResultsFile
@@ -50,16 +52,19 @@ class Callbacks:
 @dataclass
 class PhaseRun:
     """A run of one phase: its context and folder, the steps planned here (none for imported
-    results), the gate results and where they come from."""
+    results), the gate results and where they come from; for results combined from several
+    files, ``sources`` and ``notes`` (``runner.records.combine``)."""
 
     run: RunContext
     steps: list[GateStep]
     gates: list[GateResult]
     source: str
     definitions: dict | None = None
+    sources: list | None = None
+    notes: list[str] = field(default_factory=list)
 
     def phase_results(self, phase_id: str) -> PhaseResults:
-        return PhaseResults(phase=phase_id, gates=self.gates, definitions=self.definitions)
+        return PhaseResults(phase=phase_id, gates=self.gates, definitions=self.definitions, sources=self.sources)
 
 
 def check_writes(ws: Workspace, phase: Phase, *, git: bool) -> None:
@@ -72,10 +77,10 @@ def check_writes(ws: Workspace, phase: Phase, *, git: bool) -> None:
     check_run_folder(ws.root, REPORTS_DIR, parent)
 
 
-def step_lines(ws: Workspace, phase: Phase, results_path: Path | None, machine: MachineInfo | None) -> list[str]:
+def step_lines(ws: Workspace, phase: Phase, results: Sequence[Path], machine: MachineInfo | None) -> list[str]:
     """What a run of ``phase`` would do here, one line per gate (a dry run)."""
-    if results_path is not None:
-        return [f"would check {results_path} against the plan and the tree"]
+    if results:
+        return [f"would check {', '.join(str(path) for path in results)} against the plan and the tree"]
     devices = frozenset((machine or machine_probe.probe_machine()).devices)
     return [
         f"  {step.gate.kind:<9} {step.gate.name}: " + ("run" if step.action == "run" else f"blocked: {step.reason}")
@@ -87,21 +92,26 @@ def run_or_import(
     ws: Workspace,
     phase: Phase,
     *,
-    results_path: Path | None,
+    results: Sequence[Path] = (),
     fingerprint: str,
     machine: MachineInfo | None,
     callbacks: Callbacks,
     base: str | None,
     evidence_reason: str | None = None,
 ) -> PhaseRun:
-    """The phase's run with its folder made: imported from ``results_path`` or the gates run
-    here. With ``evidence_reason`` the run is evidence for a phase that waits."""
-    if results_path is not None:
-        imported = load_matching_results(ws.plan, phase, results_path, fingerprint, evidence=evidence_reason is not None)
-        run = RunContext(imported.run_id, imported.created, fingerprint, imported.machine).in_reports(ws, phase.id)
-        source = f"results imported from {Path(results_path).name} (run {run.run_id} on {run.machine.hostname})"
-        phase_results = imported.phase(phase.id)
-        return PhaseRun(run, [], list(phase_results.gates), source, phase_results.definitions)
+    """The phase's run with its folder made: imported from the ``results`` files or the gates
+    run here. With ``evidence_reason`` the run is evidence for a phase that waits."""
+    if results:
+        imported = import_results(ws.plan, phase, results, fingerprint, evidence=evidence_reason is not None)
+        held = imported.results
+        run = RunContext(held.run_id, held.created, fingerprint, held.machine).in_reports(ws, phase.id)
+        phase_results = held.phase(phase.id)
+        source = f"results imported from {Path(results[0]).name} (run {run.run_id} on {run.machine.hostname})"
+        if phase_results.sources is not None:
+            source = "results combined from " + ", ".join(
+                f"{item.file} (run {item.run_id} on {item.machine.hostname})" for item in phase_results.sources)
+        return PhaseRun(run, [], list(phase_results.gates), source, phase_results.definitions,
+                        phase_results.sources, list(imported.notes))
     run = RunContext.start(fingerprint, machine or machine_probe.probe_machine()).in_reports(ws, phase.id)
     steps = plan_run(phase, frozenset(run.machine.devices), found_modules(phase, ws.root))
     finished: list[GateResult] = []
@@ -146,7 +156,8 @@ def judge(
     """The run's outcome, with a note appended to ``notes`` where it needs one, and for a pass
     the tree as fingerprinted after the gates (what a checkpoint may commit): a ``PASS`` on a
     tree whose fingerprint is no longer ``fingerprint`` is a ``FAIL`` (``changed(now)`` says
-    so), a ``BLOCKED`` one says how to finish elsewhere, and ``SKIPPED`` (no gate ran, which a
+    so), a ``BLOCKED`` one says how to finish elsewhere (unless only gates no imported file
+    covered blocked it: the import's note names them), and ``SKIPPED`` (no gate ran, which a
     valid plan cannot give) is not a pass."""
     outcome = phase_results.outcome
     if outcome == "PASS":
@@ -155,7 +166,8 @@ def judge(
             return outcome, state
         notes.append(changed(state.fingerprint))
         return "FAIL", None
-    if outcome == "BLOCKED":
+    blocked = [gate for gate in phase_results.gates if gate.outcome == "BLOCKED"]
+    if outcome == "BLOCKED" and not all(gate.reason.startswith(NOT_COVERED) for gate in blocked):
         notes.append(f"Blocked: {finish_elsewhere_hint(phase, steps)}.")
     elif outcome == "SKIPPED":
         outcome = "FAIL"

@@ -15,12 +15,15 @@ from runner.workspace import open_workspace
 def advance(
     plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     results: Annotated[
-        Path | None,
+        list[Path] | None,
         typer.Option(
             "--results", metavar="FILE",
             help="Checkpoint results written by `runner gate PHASE --out FILE` on another machine "
-            "instead of running the gates here. The file is no part of the tree (left out of its "
-            "fingerprint) and may not lie under the phase's paths.",
+            "instead of running the gates here. Repeat it to combine the files of several jobs "
+            "(`runner gate PHASE --only GATE,... --out FILE`, or a job cut short and the rest run "
+            "with --only): one tree, every gate covered, a gate held twice with one outcome. A "
+            "file is no part of the tree (left out of its fingerprint) and may not lie under the "
+            "phase's paths.",
         ),
     ] = None,
     phase: Annotated[
@@ -65,6 +68,9 @@ def advance(
     With --evidence (and --phase PHASE or --results FILE), the gates of a phase that waits on
     an earlier one run anyway; the report is kept under reports/ as evidence, the plan is not
     changed and nothing is committed.
+
+    With several --results files the phase is recorded from all of them; a gate that no file
+    covers is recorded BLOCKED and named, and the phase is not checkpointed.
     """
     output = GateOutput()
     with domain_errors():
@@ -72,7 +78,7 @@ def advance(
         with output.running():
             outcome = advance_plan(
                 ws,
-                results_path=results,
+                results=results or (),
                 dry_run=dry_run,
                 wait_s=wait,
                 phase_id=phase,

@@ -9,6 +9,7 @@ import typer
 
 from runner.cli._common import PLAN_HELP, domain_errors
 from runner.errors import ExitCode, UsageError
+from runner.plan.schema import DEFAULT_TOLERANCE
 from runner.formatting import format_metric, json_text, one_line, table_cell, text_columns
 from runner.views.diff import MetricDelta, MetricsDiff, diff_runs
 from runner.views.history import resolve_run
@@ -37,7 +38,8 @@ def diff(
     """Compare the metrics of run A (baseline) and run B: old, new, delta and delta % per metric.
 
     A change for the worse (direction from the metric's threshold in the plan, else its target)
-    is a regression only beyond the gate's declared tolerance, only when both runs have the
+    is a regression only beyond the gate's declared tolerance (10% where the plan declares
+    none; the output says so), only when both runs have the
     same machine fingerprint (on different machines it is "not comparable") and, for a metric
     reported as samples, only when a Mann-Whitney U test finds the change significant at the
     gate's confidence (else "no significant change"; the medians are shown with their
@@ -77,11 +79,13 @@ def hidden_rows(every: list[MetricDelta], shown: list[MetricDelta]) -> list[str]
 
 
 def _verdict_line(result: MetricsDiff) -> str:
-    regressions, worse = result.regressions, result.worse_untolerated
+    regressions, defaulted = result.regressions, result.judged_by_default
     line = f"{len(regressions)} regression(s)" if regressions else "no regression"
-    if worse:
-        names = ", ".join(one_line(f"{row.gate}.{row.metric}") for row in worse[:5]) + (", ..." if len(worse) > 5 else "")
-        line += f"; {len(worse)} metric(s) worse with no tolerance declared, so not judged: {names}"
+    if defaulted:
+        names = ", ".join(one_line(f"{row.gate}.{row.metric}") for row in defaulted[:5]) + (
+            ", ..." if len(defaulted) > 5 else "")
+        line += (f"; judged against the default tolerance of {DEFAULT_TOLERANCE * 100:g}% (the plan "
+                 f"declares no tolerance: for them): {names}")
     return line
 
 
@@ -108,6 +112,8 @@ def _cells(row: MetricDelta) -> tuple[str, ...]:
     pct = "-" if row.delta_pct is None else f"{row.delta_pct:+.1f}%"
     p_value = "-" if row.p_value is None else format(row.p_value, ".2g")
     tolerance = "-" if row.tolerance is None else f"{row.tolerance * 100:g}%"
+    if row.tolerance_default:
+        tolerance += " (default)"
     return (one_line(row.phase), one_line(row.gate), one_line(row.metric),
             _value(row.old, row.old_samples, row.old_interval), _value(row.new, row.new_samples, row.new_interval),
             delta, pct, p_value, tolerance, _target(row), row.verdict)

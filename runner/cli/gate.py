@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from runner.check import check_phases
+from runner.check import ChecksInterrupted, check_phases
 from runner.cli._common import PLAN_HELP, GateOutput, domain_errors
 from runner.cli.diff import REF_HELP, diff_text, hidden_rows
 from runner.views.history import resolve_run
@@ -25,7 +27,17 @@ def gate(
     plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", metavar="FILE", help="Write the results, bound to the tree fingerprint and this machine."),
+        typer.Option("--out", metavar="FILE",
+                     help="Write the results, bound to the tree fingerprint and this machine. Written "
+                     "after each gate (atomically), so a job ended at its time limit keeps the gates it "
+                     "finished; run the rest with --only."),
+    ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--only", metavar="GATE[,GATE...]",
+                     help="Run only these gates of the named phases (a phase too long for one job runs "
+                     "in several); the results file says which gates it covers, and `runner advance "
+                     "--results A --results B` combines the files."),
     ] = None,
     logs: Annotated[
         Path | None,
@@ -62,14 +74,16 @@ def gate(
     """Run the gates of the named phases (or of every complete phase) and report.
 
     Changes no file except --out, --logs, --junit and --summary, makes no commit and takes no lock. Works in a
-    copy of the tree without .git (a GPU host). With --baseline RUN the metrics are then compared with that
-    run's: a regression (significant for samples, beyond the plan's tolerance) exits 1.
+    copy of the tree without .git (a GPU host). With --only GATE,... only those gates run; --out is
+    written after every gate, so a job cut short keeps the gates it finished. With --baseline RUN the metrics are then compared with that
+    run's: a regression (significant for samples, beyond the plan's tolerance, 10% where it declares
+    none) exits 1.
     """
     output = GateOutput()
     with domain_errors():
         ws = open_workspace(plan)
         baseline_run = resolve_run(ws, baseline) if baseline is not None else None
-        with interrupt_on_sigterm(), output.running():
+        with _saying_what_was_kept(), interrupt_on_sigterm(), output.running():
             check = check_phases(
                 ws,
                 phases or [],
@@ -85,14 +99,28 @@ def gate(
                 on_logs=output.on_logs,
                 baseline=baseline_run,
                 baseline_label=baseline or "baseline",
+                only=only or (),
             )
     for line in check.messages:
         typer.echo(line, err=check.exit_code != 0)
     if check.results is not None:
-        summary = ", ".join(f"{phase.phase} {phase.outcome}" for phase in check.results.phases)
+        summary = ", ".join(f"{phase.phase} {phase.outcome}" + (
+            f" ({len(phase.coverage.covered)} of {len(phase.coverage.covered) + len(phase.coverage.not_covered)} gates)"
+            if phase.coverage is not None else "") for phase in check.results.phases)
         typer.echo(f"{summary} (fingerprint {check.results.fingerprint})")
     if check.baseline is not None:
         rows = [row for row in check.baseline.rows if row.notable]
         typer.echo("")
         typer.echo(diff_text(check.baseline, rows, hidden_rows(check.baseline.rows, rows)))
     raise typer.Exit(int(check.exit_code))
+
+
+@contextmanager
+def _saying_what_was_kept() -> Iterator[None]:
+    """An interrupted check says what --out kept before ``domain_errors`` says ``interrupted``."""
+    try:
+        yield
+    except ChecksInterrupted as interrupted:
+        for line in interrupted.messages:
+            typer.echo(line, err=True)
+        raise

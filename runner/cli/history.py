@@ -13,6 +13,7 @@ from runner.formatting import json_text, one_line, short, text_columns
 from runner.plan.schema import Phase, Plan
 from runner.records.results import MetricCheck
 from runner.records.run_folder import headline_metrics, headline_texts, target_checks
+from runner.cli._changes import changes_text
 from runner.views.history import describe_targets, plan_checkpoints
 from runner.views.runs import RunRecord, describe_machine, find_runs
 from runner.workspace import open_workspace
@@ -24,15 +25,27 @@ def history(
     ] = None,
     plan: Annotated[Path | None, typer.Option("--plan", metavar="FILE", help=PLAN_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    changes: Annotated[
+        bool,
+        typer.Option("--changes",
+                     help="Find where each thresholded metric's level moved: the change points over the "
+                     "runs of one machine fingerprint, each with the run (and commit) where the new level "
+                     "starts, before and after; a move counts beyond the gate's tolerance (10% by "
+                     "default) and only when the samples make it significant."),
+    ] = False,
 ) -> None:
     """List the runs of the plan (oldest first: run id, time, outcome, machine, fingerprints)
-    from reports/PLAN/PHASE/RUN/results.json, and the phases' checkpoints.
+    from reports/PLAN/PHASE/RUN/results.json, and the phases' checkpoints; with --changes, where
+    each thresholded metric's level moved.
     """
     with domain_errors():
         ws = open_workspace(plan)
         if phase is not None:
             ws.plan.phase(phase)  # an unknown phase is a usage error naming the known ones
         scan = find_runs(ws.root, ws.plan.id, phase)
+        if changes:
+            typer.echo(changes_text(ws, scan, phase, as_json))
+            return
         checkpoints = [c for c in plan_checkpoints(ws) if phase is None or c.phase == phase]
     if as_json:
         typer.echo(json_text({

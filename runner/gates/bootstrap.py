@@ -10,7 +10,7 @@ Decisions:
 
 - Imports nothing by the name ``runner``: this runner's ``runner`` and ``runner.gates``
   packages are made from their folders (next to this file), so ``runner.gates.call``,
-  ``runner.gates.modules`` and ``runner.gates.protocol`` load from here, whatever
+  ``runner.gates.modules`` and ``runner.protocol`` load from here, whatever
   ``sys.path`` holds; no ``__init__`` runs.
 - Python puts this file's folder first on ``sys.path`` (unless ``PYTHONSAFEPATH`` is set); it
   is removed before anything else is imported, so a gate's ``import log`` never finds

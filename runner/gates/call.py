@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from runner.gates.modules import import_from_root_first
-from runner.gates.protocol import METRICS_ENV, STATUS_ENV
+from runner.protocol import METRICS_ENV, STATUS_ENV
 
 STATUS_OK = "ok"
 STATUS_RAISED = "raised"

@@ -50,7 +50,7 @@ import runner
 from runner.gates import output as gateoutput
 from runner.gates.log import HEAD_BYTES, CappedLog, OutputPump
 from runner.gates.procgroup import adopt_orphans, end_escaped, end_group, own_children, with_parent_death_signal
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
+from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, GateFiles
 from runner.gates.repeat import run_repeated
 from runner.gates.verdict import Verdict, judge
 from runner.records.results import GateResult
@@ -127,7 +127,7 @@ def run_gate(
     t0 = time.monotonic()
     log_rel = _relative_log(log_path, report_dir)
 
-    def result(verdict: Verdict, artifacts: dict[str, str] | None = None) -> GateResult:
+    def result(verdict: Verdict, artifacts: dict[str, str] | None = None, tail: str | None = None) -> GateResult:
         return GateResult(
             name=gate.name,
             kind=gate.kind,
@@ -141,7 +141,7 @@ def run_gate(
             exit_code=verdict.exit_code,
             signal=verdict.signal,
             log=log_rel,
-            log_tail=_log_tail(log_path),
+            log_tail=_log_tail(log_path) if tail is None else tail,
             artifacts=artifacts or {},
         )
 
@@ -212,13 +212,14 @@ def run_gate(
             _note(log, f"the log keeps the first and last {HEAD_BYTES >> 20} MiB of the output")
         log.close()
 
-        verdict = judge(gate, proc.returncode, timed_out, timeout, files)
+        tail = _log_tail(log_path)
+        verdict = judge(gate, proc.returncode, timed_out, timeout, files, output=tail)
         if escaped:
             verdict = replace(verdict, reason=(
                 f"{verdict.reason}; it left {len(escaped)} process(es) running outside its process "
                 f"group (started in a new session), which the runner ended: {', '.join(escaped)}"
             ))
-        return result(verdict, artifacts)
+        return result(verdict, artifacts, tail)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

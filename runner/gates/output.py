@@ -10,7 +10,7 @@ from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
-from runner.gates.protocol import MAX_METRICS_BYTES
+from runner.protocol import MAX_METRICS_BYTES
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
 
 MAX_PROGRESS_TAIL_BYTES = 4096

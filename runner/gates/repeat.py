@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.gates.verdict import threshold_verdict
+from runner.gates.verdict import metrics_hint, threshold_verdict
 from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES, merge_repetitions
 from runner.records.checks import check_thresholds
 from runner.records.results import GateResult
@@ -81,7 +81,8 @@ def _combined(gate: Any, runs: list[GateResult], repeat: int, log: str) -> GateR
             f"over {repeat} repetitions (the first {MAX_SAMPLES} are kept): lower repeat or report fewer samples"
         )
     else:
-        outcome, reason = threshold_verdict(checks, ran=f"exited with code 0 in each of {repeat} repetitions")
+        outcome, reason = threshold_verdict(checks, ran=f"exited with code 0 in each of {repeat} repetitions",
+                                            hint=metrics_hint(gate, metrics, last.log_tail))
     return last.model_copy(update={
         "name": gate.name,
         "kind": gate.kind,

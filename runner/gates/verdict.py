@@ -9,10 +9,15 @@ a signal, then a non-zero exit, then a callable whose child exited 0 without its
 (ERROR: the function never ran), then unreadable metrics (ERROR), then thresholds. A SIGKILL the
 runner did not send is reported as ``killed by SIGKILL (out of memory?)``: the runner sends it
 only after a timeout or an interrupt, so the kernel's out-of-memory killer is the usual sender.
+
+A shell gate that wrote no metrics but printed a JSON object on its output, and fails because a
+metric was not reported, is told where metrics go (``METRICS_HINT``): printing them is the usual
+first mistake.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +25,15 @@ from typing import Any
 
 from runner.gates import call as callgate
 from runner.gates import output as gateoutput
-from runner.gates.protocol import GateFiles
+from runner.protocol import METRICS_ENV, GateFiles
 from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES
 from runner.records.checks import check_thresholds
 from runner.records.results import MetricCheck
+
+
+METRICS_HINT = (f"gate printed JSON on stdout; a shell gate writes its metrics to the file named by ${METRICS_ENV} "
+                f"(printf '{{\"x\": 1}}' > \"${METRICS_ENV}\")")
+_HINT_LINE_CHARS = 4096  # longer output lines are not parsed for the hint
 
 
 @dataclass(frozen=True)
@@ -40,8 +50,10 @@ class Verdict:
     signal: str | None = None
 
 
-def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, files: GateFiles) -> Verdict:
-    """The verdict on a finished gate process (see the module docstring for the precedence)."""
+def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, files: GateFiles,
+          output: str = "") -> Verdict:
+    """The verdict on a finished gate process (see the module docstring for the precedence);
+    ``output``: the end of what it printed (its log's tail), for ``METRICS_HINT``."""
     exit_code = returncode if returncode >= 0 else None
     sig_name = _signal_name(-returncode) if returncode < 0 else None
     metrics, metrics_problem = _read_metrics(files.metrics)
@@ -75,17 +87,39 @@ def judge(gate: Any, returncode: int, timed_out: bool, timeout: float | None, fi
         )
     if metrics_problem is not None:
         return Verdict("ERROR", metrics_problem, **fields)
-    outcome, reason = threshold_verdict(checks)
+    outcome, reason = threshold_verdict(checks, hint=metrics_hint(gate, metrics, output))
     return Verdict(outcome, reason, **fields)
 
 
-def threshold_verdict(checks: list[MetricCheck], ran: str = "exited with code 0") -> tuple[str, str]:
-    """``FAIL`` with the failed checks' reasons, or ``PASS`` saying what ``ran`` and how many
-    thresholds held: the verdict on a gate whose process(es) exited 0."""
+def threshold_verdict(checks: list[MetricCheck], ran: str = "exited with code 0", hint: str = "") -> tuple[str, str]:
+    """``FAIL`` with the failed checks' reasons (then ``hint`` when a metric was not reported), or
+    ``PASS`` saying what ``ran`` and how many thresholds held: the verdict on a gate whose
+    process(es) exited 0."""
     failed = [check for check in checks if not check.ok]
     if failed:
-        return "FAIL", "; ".join(_check_reason(check) for check in failed)
+        reason = "; ".join(_check_reason(check) for check in failed)
+        if hint and any(check.value is None and check.reason == "not reported" for check in failed):
+            reason += f"; {hint}"
+        return "FAIL", reason
     return "PASS", f"{ran}; {len(checks)} threshold(s) met" if checks else ran
+
+
+def metrics_hint(gate: Any, metrics: dict[str, Any], output: str) -> str:
+    """``METRICS_HINT`` for a shell gate that reported no metric and printed a line that is a
+    JSON object; ``""`` otherwise."""
+    if not getattr(gate, "run", None) or metrics:
+        return ""
+    for line in output.splitlines():
+        line = line.strip()
+        if not (line.startswith("{") and line.endswith("}")) or len(line) > _HINT_LINE_CHARS:
+            continue
+        try:
+            printed = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(printed, dict) and printed:
+            return METRICS_HINT
+    return ""
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], str | None]:

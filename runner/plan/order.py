@@ -41,20 +41,26 @@ def ordered_gates(phase: Phase) -> list[Gate]:
 
 
 def plan_run(
-    phase: Phase, devices: frozenset[str], modules: Mapping[str, Collection[str]] | None = None
+    phase: Phase, devices: frozenset[str], modules: Mapping[str, Collection[str]] | None = None,
+    only: Collection[str] | None = None,
 ) -> list[GateStep]:
-    """The steps of a run of ``phase`` on a machine with ``devices``, in order.
+    """The steps of a run of ``phase`` on a machine with ``devices``, in order; with ``only``,
+    of those of its gates alone (``runner gate --only``).
 
     ``modules`` maps a gate's name to the modules of its ``module:NAME`` requirements that its
     interpreter finds; a gate it does not name finds none, so a module nobody looked up blocks
     its gate and never lets it pass. A gate whose ``requires`` names a device not in ``devices``
     or a module it does not find is blocked, with each missing one named. A benchmark is also
     blocked when a verify gate of the phase is blocked, because a benchmark runs only after its
-    phase's verify gates pass in the same run.
+    phase's verify gates pass in the same run. A verify gate that ``only`` leaves out blocks
+    nothing: it may run in another job, whose results are imported with these
+    (``runner.records.combine`` holds the benchmark to it there).
     """
     steps: list[GateStep] = []
     blocked_verify: list[str] = []
     for gate in ordered_gates(phase):
+        if only is not None and gate.name not in only:
+            continue
         found = (modules or {}).get(gate.name, ())
         lacking = missing_reason(
             sorted(set(gate.required_devices()) - devices),

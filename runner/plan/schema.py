@@ -116,6 +116,11 @@ Repeat = Annotated[int, BeforeValidator(_check_repeat)]
 Tolerance = Annotated[float, BeforeValidator(_parse_tolerance), Field(ge=0, allow_inf_nan=False)]
 """How much worse than its baseline a metric may get before a diff calls it a regression."""
 
+DEFAULT_TOLERANCE = 0.10
+"""The tolerance of a metric with a threshold or a target and no ``tolerance:`` (asv's default
+factor of 1.1): a change for the worse beyond it is a regression, and the verdict says the
+default was used."""
+
 
 def _timestamp_to_text(value: object) -> object:
     """YAML reads an unquoted ``2026-11-29T23:50:00Z`` as a datetime; keep it as text."""
@@ -139,7 +144,8 @@ class Gate(_Model):
     (``0.05`` or ``"5%"``) that ``runner diff`` and ``runner gate --baseline`` accept before they
     call a run a regression against a baseline from the same machine (for samples, the change
     of the median, and only when a rank test at ``confidence`` finds it significant:
-    ``runner.views.significance``).
+    ``runner.views.significance``); a metric with a threshold or a target that it leaves out
+    is judged with ``DEFAULT_TOLERANCE``.
 
     ``repeat`` runs the gate that many times (each with its own ``timeout``) and collects each
     number it reports into samples; a gate may also report a list of numbers itself. A

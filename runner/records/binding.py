@@ -74,8 +74,17 @@ def load_matching_results(
     gate of the phase present, and every threshold of a gate recorded PASS re-checked here.
     ``ResultsError`` names what differs. Gates recorded FAIL, ERROR, BLOCKED or SKIPPED are
     accepted as what they are: the phase is then recorded as failed or blocked, and only an
-    all-PASS file checkpoints. The returned results hold the plan's target checks."""
+    all-PASS file checkpoints. The returned results hold the plan's target checks.
+    (Several files, or one that covers only some gates: ``runner.records.combine``.)"""
     results = ResultsFile.load(Path(path))
+    check_holds_phase(plan, phase, path, results, evidence=evidence)
+    check_tree(path, results, fingerprint)
+    refuse_problems(phase, path, results, evidence=evidence)
+    return judged_here(results, phase)
+
+
+def check_holds_phase(plan: Plan, phase: Phase, path: Path, results: ResultsFile, *, evidence: bool) -> None:
+    """``ResultsError`` unless ``results`` (from ``path``) are for ``plan`` and hold ``phase``."""
     where = f"{path}:"
     if results.plan_id != plan.id:
         raise ResultsError(f"{where} results are for plan {results.plan_id!r}, not {plan.id!r}")
@@ -90,11 +99,30 @@ def load_matching_results(
         raise ResultsError(
             f"{where} results hold phase(s) {', '.join(held) or 'none'}, not {phase.id!r} ({what}){hint}"
         )
+
+
+def check_tree(path: Path, results: ResultsFile, fingerprint: str) -> None:
+    """``ResultsError`` unless ``results`` were measured on the tree ``fingerprint``."""
     if results.fingerprint != fingerprint:
         raise ResultsError(
-            f"{where} results were measured on tree {results.fingerprint}, but this tree is "
+            f"{path}: results were measured on tree {results.fingerprint}, but this tree is "
             f"{fingerprint}; run the gates again on this tree (or copy the same tree to the GPU host)"
         )
+
+
+def refuse_problems(phase: Phase, path: Path, results: ResultsFile, *, evidence: bool) -> None:
+    """``ResultsError`` naming ``path`` and everything ``file_problems`` finds."""
+    problems = file_problems(phase, results)
+    if problems:
+        doing = "record evidence for" if evidence else "checkpoint"
+        raise ResultsError(f"{path}: refusing to {doing} {phase.id}: " + "; ".join(problems))
+
+
+def file_problems(phase: Phase, results: ResultsFile) -> list[str]:
+    """What makes the results of ``phase`` in ``results`` unfit for the plan's phase: identity,
+    gate definitions, artifacts named instead of carried, order, unexplained skips, a gate
+    missing (one the file says it does not cover may be missing: another file holds it), and
+    a threshold of a gate recorded PASS that does not hold."""
     phase_results = results.phase(phase.id)
     recorded = {gate.name: gate for gate in phase_results.gates}
     problems: list[str] = identity_problems(results)
@@ -104,19 +132,28 @@ def load_matching_results(
                  for gate in phase_results.gates if gate.artifact_files]
     problems += plan_problems(phase_results.gates, ordered_gates(phase))
     problems += unexplained_skips(phase_results.gates)
+    coverage = phase_results.coverage
+    not_covered = set(coverage.not_covered) if coverage is not None else set()
+    planned = {gate.name for gate in phase.gates}
+    problems += [f"gate {name!r} is listed as not covered, but this phase has no such gate"
+                 for name in sorted(not_covered - planned)]
     for gate in phase.gates:
         result = recorded.get(gate.name)
         if result is None:
-            problems.append(f"gate {gate.name!r} is missing")
+            if gate.name not in not_covered:
+                problems.append(f"gate {gate.name!r} is missing")
             continue
         if result.outcome != "PASS":
             continue
         for check in check_thresholds(gate.expect, result.metrics, gate.confidence):
             if not check.ok:
                 problems.append(f"gate {gate.name!r}: {check.metric} {check.reason} (plan: {check.threshold})")
-    if problems:
-        doing = "record evidence for" if evidence else "checkpoint"
-        raise ResultsError(f"{where} refusing to {doing} {phase.id}: " + "; ".join(problems))
+    return problems
+
+
+def judged_here(results: ResultsFile, phase: Phase) -> ResultsFile:
+    """``results`` with the gates of ``phase`` as the plan judges them (``_judged_here``)."""
+    phase_results = results.phase(phase.id)
     gates = [_judged_here(gate, phase) for gate in phase_results.gates]
     phases = [p.model_copy(update={"gates": gates}) if p.phase == phase.id else p for p in results.phases]
     return results.model_copy(update={"phases": phases})

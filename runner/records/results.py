@@ -15,12 +15,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_serializer,
+                      model_validator)
 
 from runner.atomic import write_atomic
 from runner.errors import ResultsError
 from runner.formatting import CONTROL_CHARS, format_metric, one_line
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
+from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES, MAX_ARTIFACTS, MAX_METRICS_BYTES
 from runner.plan.samples import DEFAULT_CONFIDENCE, MAX_SAMPLES, is_samples
 from runner.plan.schema import GATE_KINDS, ID_PATTERN
 from runner.records.machine import MachineInfo
@@ -164,6 +165,41 @@ class GateResult(BaseModel):
         )
 
 
+GateName = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+
+
+class Coverage(BaseModel):
+    """Which of its phase's gates a results file holds, when it is not all of them.
+
+    ``covered``: the gates whose results the file holds (its ``gates``, in run order);
+    ``not_covered``: the phase's other gates, which another results file must hold before the
+    phase can be checkpointed (``runner advance --results A --results B``); ``only``: the gates
+    ``runner gate --only`` selected (``None``: all of them); ``finished``: ``False`` in the file
+    ``runner gate --out`` writes after each gate, before its run ends, which is what a job
+    ended at its time limit (or killed) leaves behind.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    covered: list[GateName]
+    not_covered: list[GateName]
+    only: list[GateName] | None = None
+    finished: bool = True
+
+
+class ResultsSource(BaseModel):
+    """One of the results files a phase's record was combined from: the file's name, its run,
+    the machine it ran on and the gates taken from it (``runner.records.combine``)."""
+
+    model_config = _MODEL_CONFIG
+
+    file: PlainText
+    run_id: Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)]
+    created: UtcTime
+    machine: MachineInfo
+    gates: list[GateName]
+
+
 class PhaseResults(BaseModel):
     """The gates of one phase in the order they ran; ``outcome`` follows from them.
 
@@ -171,6 +207,9 @@ class PhaseResults(BaseModel):
     equal the derived value, so a hand-edited results file cannot claim a pass.
     ``definitions`` are the phase's gates as the run saw them in the plan
     (``runner.records.binding``; ``None`` in files written before they were recorded).
+    ``coverage`` says which gates the results hold when not all (``None``: every gate of the
+    phase); ``sources`` names the results files a record was combined from (``None``: one run).
+    Both are left out of the file when ``None``, so a whole run's file reads as it always did.
     """
 
     model_config = _MODEL_CONFIG
@@ -179,6 +218,23 @@ class PhaseResults(BaseModel):
     outcome: Outcome = "PASS"
     gates: list[GateResult]
     definitions: dict[str, dict[str, Any]] | None = None
+    coverage: Coverage | None = None
+    sources: list[ResultsSource] | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for key in ("coverage", "sources"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+    def machine_of(self, gate: str, default: MachineInfo) -> MachineInfo:
+        """The machine ``gate`` ran on: its source's, for a record combined from several files."""
+        for source in self.sources or []:
+            if gate in source.gates:
+                return source.machine
+        return default
 
     @model_validator(mode="after")
     def _derive_outcome(self) -> PhaseResults:
@@ -273,6 +329,7 @@ def consistency_problems(results: ResultsFile) -> list[str]:
         names = [gate.name for gate in phase.gates]
         problems += [f"phase {phase.phase!r}: gate {name!r} appears {names.count(name)} times"
                      for name in sorted(set(names)) if names.count(name) > 1]
+        problems += coverage_problems(phase)
         for gate in phase.gates:
             where = f"phase {phase.phase!r} gate {gate.name!r}"
             if gate.kind not in GATE_KINDS:
@@ -293,6 +350,34 @@ def consistency_problems(results: ResultsFile) -> list[str]:
             if size > MAX_METRICS_BYTES:
                 problems.append(f"{where}: its metric names and string values hold {size} bytes, more than the "
                                 f"{MAX_METRICS_BYTES}-byte metrics file a gate may write (a long string metric?)")
+    return problems
+
+
+def coverage_problems(phase: PhaseResults) -> list[str]:
+    """How ``phase.coverage`` disagrees with the gates the phase's results hold, and ``sources``
+    name gates it does not hold or a gate twice."""
+    problems: list[str] = []
+    where = f"phase {phase.phase!r}"
+    names = [gate.name for gate in phase.gates]
+    coverage = phase.coverage
+    if coverage is not None:
+        if coverage.covered != names:
+            problems.append(f"{where}: coverage.covered lists {', '.join(coverage.covered) or 'no gate'}, but the "
+                            f"file holds {', '.join(names) or 'no gate'}")
+        both = sorted(set(coverage.covered) & set(coverage.not_covered))
+        if both:
+            problems.append(f"{where}: gate(s) {', '.join(both)} both covered and not covered")
+        twice = sorted({name for name in coverage.not_covered if coverage.not_covered.count(name) > 1})
+        if twice:
+            problems.append(f"{where}: coverage.not_covered lists {', '.join(twice)} more than once")
+        if coverage.only is not None and set(coverage.covered) - set(coverage.only):
+            problems.append(f"{where}: covers gate(s) {', '.join(sorted(set(coverage.covered) - set(coverage.only)))} "
+                            "that --only did not select")
+    taken = [name for source in phase.sources or [] for name in source.gates]
+    if set(taken) - set(names):
+        problems.append(f"{where}: sources name gate(s) {', '.join(sorted(set(taken) - set(names)))} it does not hold")
+    if len(taken) != len(set(taken)):
+        problems.append(f"{where}: sources name a gate more than once")
     return problems
 
 

@@ -29,10 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runner.formatting import MARKDOWN_FILTERS, one_line, table_cell
-from runner.gates.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES
+from runner.protocol import ARTIFACT_NAME_PATTERN, MAX_ARTIFACT_BYTES
 from runner.plan.samples import DEFAULT_CONFIDENCE, metric_text
 from runner.plan.schema import Phase, Plan
 from runner.records.checks import check_thresholds
+from runner.records.machine import MachineInfo
 from runner.records.results import GateResult, MetricCheck, ResultsFile, gate_confidence
 from runner.templating import template_env
 from runner.untrusted import UntrustedFileError, parse_json, read_bounded
@@ -213,8 +214,17 @@ def render_report(results: ResultsFile, context: ReportContext, *, run_dir: Path
         machine_fingerprint=results.machine.fingerprint,
         gates=gates,
         headline=headline_texts(context.phase, headline_metrics(context.phase, phase_results.gates)),
+        sources=phase_results.sources or [],
+        ran_on={gate.name: _where(source.machine) + f" ({source.file})"
+                for source in phase_results.sources or [] for gate in phase_results.gates if gate.name in source.gates},
     )
     return text.rstrip("\n") + "\n"
+
+
+def _where(machine: MachineInfo) -> str:
+    """``host: GPU`` (``x2`` for two): the machine as a report names it."""
+    gpu = (machine.gpu_name or "no GPU") + (f" x{machine.gpu_count}" if machine.gpu_count > 1 else "")
+    return f"{machine.hostname}: {gpu}"
 
 
 def headline_metrics(phase: Phase, gates: list[GateResult]) -> dict[str, bool | int | float | str]:

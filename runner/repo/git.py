@@ -125,6 +125,16 @@ def ignore_rule(root: Path, path: str) -> str | None:
     return line[0].split("\t", 1)[0] if line else "a .gitignore rule"
 
 
+def adding_commit(root: Path, path: str) -> str | None:
+    """The newest commit of ``HEAD``'s history that added ``path`` (a checkpoint that committed
+    a run's report, or a commit of a failed run's report), or ``None``: never committed, or no
+    repository here."""
+    if not (Path(root) / ".git").exists():
+        return None
+    proc = run_git(root, "log", "-1", "--diff-filter=A", "--format=%H", "--", path, check=False)
+    return (proc.stdout.decode().strip() or None) if proc.returncode == 0 else None
+
+
 def is_tracked(root: Path, path: str) -> bool:
     """Whether the index tracks ``path`` (a file, or a folder with tracked files); literal."""
     return bool(git_output(root, "ls-files", "--", path))

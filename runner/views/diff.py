@@ -5,7 +5,7 @@ delta % (a metric reported as samples by its median, shown with its interval). W
 is worse comes from the plan: a metric whose ``expect`` threshold is ``>=``/``>`` is better
 higher, ``<=``/``<`` better lower; other metrics only show their delta. A worse change is a
 **regression** only when it is significant (a rank test, for samples), larger than the gate's
-declared ``tolerance`` for that metric *and* both runs have the same machine fingerprint
+declared ``tolerance`` for that metric (10% where it declares none) *and* both runs have the same machine fingerprint
 (``runner.views.significance`` says how each verdict is reached); on different machines a
 directional change is "not comparable", never a regression. A metric one run lacks because its
 gate did not run there (``BLOCKED``, ``SKIPPED``, or not in the file) is "not run", not
@@ -39,7 +39,8 @@ _DIRECTIONS: dict[str, Direction] = {">=": "higher", ">": "higher", "<=": "lower
 class MetricDelta:
     """One metric in both runs. ``old``/``new`` are the values, a list of samples as its median;
     ``delta``/``delta_pct`` are ``None`` when not numeric (or ``delta_pct`` when the old value
-    is 0); ``tolerance`` is relative (0.05 = 5%). ``target`` is the metric's target in the plan,
+    is 0); ``tolerance`` is relative (0.05 = 5%): the gate's, or for a directional change judged
+    without one ``DEFAULT_TOLERANCE`` with ``tolerance_default`` set. ``target`` is the metric's target in the plan,
     with ``target_met`` and ``target_gap`` for the new value (a target never makes a
     regression). For a side reported as samples, ``old_samples``/``new_samples`` count them and
     ``old_interval``/``new_interval`` are the ``[low, high]`` interval of the median at
@@ -64,6 +65,7 @@ class MetricDelta:
     new_samples: int | None = None
     old_interval: list[float] | None = None
     new_interval: list[float] | None = None
+    tolerance_default: bool = False
 
     @property
     def notable(self) -> bool:
@@ -119,9 +121,9 @@ class MetricsDiff:
         return [row for row in self.rows if row.verdict == "regression"]
 
     @property
-    def worse_untolerated(self) -> list[MetricDelta]:
-        """Changes for the worse that no declared tolerance judges (so none is a regression)."""
-        return [row for row in self.rows if row.verdict == "worse"]
+    def judged_by_default(self) -> list[MetricDelta]:
+        """Changes for the worse judged against ``DEFAULT_TOLERANCE``: the plan declares none."""
+        return [row for row in self.rows if row.tolerance_default and row.verdict in ("regression", "within tolerance")]
 
     @property
     def note(self) -> str:
@@ -227,7 +229,9 @@ def compare_metric(
     return MetricDelta(
         phase=phase, gate=gate, metric=metric,
         old=None if old_value is _MISSING else old_value, new=None if new_value is _MISSING else new_value,
-        delta=delta, delta_pct=delta_pct, threshold=threshold, tolerance=tolerance, verdict=verdict,
+        delta=delta, delta_pct=delta_pct, threshold=threshold, verdict=verdict,
+        tolerance=judgement.tolerance if judgement is not None and judgement.tolerance is not None else tolerance,
+        tolerance_default=judgement is not None and judgement.default_tolerance,
         target=str(target) if target is not None else None,
         target_met=target_check.ok if target_check is not None else None,
         target_gap=target_check.gap if target_check is not None else None,

@@ -12,6 +12,7 @@ disk without a server or network.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import runner
 from runner.atomic import write_atomic
 from runner.errors import ReportError
 from runner.formatting import format_metric, short
-from runner.gates.protocol import PLOT_SUFFIX
+from runner.protocol import PLOT_SUFFIX
 from runner.plan.schema import Phase
 from runner.records.places import check_reports
 from runner.plan.samples import is_samples, median_interval, representative
@@ -30,8 +31,9 @@ from runner.records.run_folder import REPORTS_DIR
 from runner.templating import template_env
 from runner.timeutil import iso_time, utc_now
 from runner.views.history import phase_headline
-from runner.views.runs import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, phase_runs
-from runner.views.plots import Plot, Point, declared_plot, metric_history_plot
+from runner.views.runs import PhaseRuns, RunRecord, RunScan, describe_machine, find_runs, parse_time, phase_runs
+from runner.views.changes import level_changes, metric_series
+from runner.views.plots import Plot, Point, Step, declared_plot, metric_history_plot
 from runner.views.status import PhaseView, plan_status
 from runner.workspace import Workspace
 
@@ -151,7 +153,7 @@ def _section(ws: Workspace, spec: Phase, view: PhaseView, scan: RunScan, summary
         report = latest.path.parent / "report.md"
         latest_link = _link(report if report.is_file() else latest.path, out_dir)
         plots, plot_notes = _artifact_plots(latest.path.parent, gates)
-    plots += _history_plots(spec, runs, checkpoint_run)
+    plots += _history_plots(spec, runs, checkpoint_run, _steps(ws, spec, runs))
     others = []
     for what, run in (("blocked", summary.blocked), ("evidence", summary.evidence)):
         if run is not None and run is not latest:
@@ -186,7 +188,25 @@ def _artifact_plots(run_dir: Path, gates: list[GateResult]) -> tuple[list[Plot],
     return plots, notes
 
 
-def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | None) -> list[Plot]:
+def _steps(ws: Workspace, spec: Phase, runs: list[RunRecord]) -> dict[str, list[Step]]:
+    """The level changes of the phase's followed metrics (``runner.views.changes``), by metric,
+    as plot marks; the machine is named where the metric has series on several."""
+    series = metric_series(spec, runs)
+    machines: dict[str, set[str]] = {}
+    for one in series:
+        machines.setdefault(one.metric, set()).add(one.machine_fingerprint)
+    steps: dict[str, list[Step]] = {}
+    for one in series:
+        for change in level_changes(ws, spec, one):
+            where = f" ({change.machine})" if len(machines[one.metric]) > 1 else ""
+            change_text = f"{change.relative * 100:+.0f}%" if math.isfinite(change.relative) else "from 0"
+            steps.setdefault(one.metric, []).append(
+                Step(parse_time(change.time), change.before, change.after, f"{change_text} {change.verdict}{where}"))
+    return steps
+
+
+def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | None,
+                   steps: dict[str, list[Step]] | None = None) -> list[Plot]:
     thresholds = {
         metric: (threshold.op, threshold.value)
         for gate in reversed(spec.gates)
@@ -211,7 +231,7 @@ def _history_plots(spec: Phase, runs: list[RunRecord], checkpoint_run: Path | No
         if points:
             plots.append(
                 metric_history_plot(metric, points, threshold=thresholds.get(metric),
-                                    title=f"{metric} across {len(points)} run(s)")
+                                    title=f"{metric} across {len(points)} run(s)", steps=(steps or {}).get(metric, ()))
             )
     return plots
 

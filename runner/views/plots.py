@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from runner.formatting import one_line
-from runner.gates.protocol import PLOT_FORMAT
+from runner.protocol import PLOT_FORMAT
 
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "mla-gate"}
 SCALES = ("linear", "log")
@@ -44,6 +44,17 @@ class Point:
     checkpoint: bool = False
     low: float | None = None
     high: float | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """A level change to mark on a history plot: the new level starts at ``time``; ``label``
+    says by how much (``+30% worse``)."""
+
+    time: datetime
+    before: float
+    after: float
+    label: str
 
 
 @dataclass(frozen=True)
@@ -182,14 +193,17 @@ def _powers_of_two(spec: PlotSpec) -> bool:
 
 
 def metric_history_plot(metric: str, points: Sequence[Point], *, threshold: tuple[str, float] | None = None,
-                        title: str | None = None) -> Plot:
+                        title: str | None = None, steps: Sequence[Step] = ()) -> Plot:
     """``metric`` across runs (x: run time); checkpoints drawn as stars; the threshold dotted; a
-    sampled run's interval of the median as an error bar around its median."""
+    sampled run's interval of the median as an error bar around its median; each level change
+    (``runner history --changes``) a dashed vertical line at its first run, labelled, with the
+    levels before and after it as short horizontal strokes."""
     with _style():
-        return _history(metric, points, threshold, title)
+        return _history(metric, points, threshold, title, steps)
 
 
-def _history(metric: str, points: Sequence[Point], threshold: tuple[str, float] | None, title: str | None) -> Plot:
+def _history(metric: str, points: Sequence[Point], threshold: tuple[str, float] | None, title: str | None,
+             steps: Sequence[Step] = ()) -> Plot:
     fig, ax = _figure(height=2.6)
     ordered = sorted(points, key=lambda point: point.time)
     ax.plot([p.time for p in ordered], [p.value for p in ordered], marker="o", label=_label(metric))
@@ -206,6 +220,16 @@ def _history(metric: str, points: Sequence[Point], threshold: tuple[str, float] 
     if threshold is not None:
         op, value = threshold
         ax.axhline(value, linestyle=":", color="grey", label=f"threshold {op} {value:g}")
+    times = [p.time for p in ordered]
+    for index, step in enumerate(sorted(steps, key=lambda step: step.time)):
+        ax.axvline(step.time, linestyle="--", color="#c0392b", linewidth=1,
+                   label="level change" if index == 0 else None)
+        earlier = [t for t in times if t < step.time] or [step.time]
+        later = [t for t in times if t >= step.time] or [step.time]
+        ax.hlines([step.before], earlier[max(0, len(earlier) - 3)], step.time, colors="#c0392b", linewidth=2)
+        ax.hlines([step.after], step.time, later[min(len(later) - 1, 2)], colors="#c0392b", linewidth=2)
+        ax.annotate(_label(step.label), xy=(step.time, step.after), xytext=(4, 4), textcoords="offset points",
+                    fontsize=7, color="#c0392b")
     ax.set_ylabel(_label(metric))
     if len({p.time for p in ordered}) == 1:  # one moment: a day around it, not years
         ax.set_xlim(ordered[0].time - timedelta(hours=12), ordered[0].time + timedelta(hours=12))

@@ -13,8 +13,11 @@ Decisions:
 - A sampled change that the rank test cannot tell from noise is ``no significant change``,
   whichever way its median moved and however far; the report shows both medians with their
   intervals, so a reader sees how wide the noise was.
-- A significant change for the worse within the tolerance is ``within tolerance``; one with no
-  tolerance declared is ``worse`` (named, never a regression).
+- A significant change for the worse within the tolerance is ``within tolerance``. A metric
+  with a direction (a threshold or a target) and no ``tolerance:`` is judged against
+  ``DEFAULT_TOLERANCE`` (10%, asv's default factor of 1.1), and the judgement says so
+  (``default_tolerance``): a 95% slowdown is a regression without any configuration, and a
+  reader sees which limit judged it.
 - Two single numbers carry no estimate of their noise, so they keep the plain meaning: the
   effect alone decides (``regression`` beyond the tolerance). A single number against samples
   is one sample: the rank test runs on what there is, and one number rarely proves a change.
@@ -31,10 +34,11 @@ from typing import Literal
 
 from runner.plan.ranktest import mann_whitney
 from runner.plan.samples import DEFAULT_CONFIDENCE, MedianInterval, is_samples, median_interval, sample_problem
+from runner.plan.schema import DEFAULT_TOLERANCE
 
 Direction = Literal["higher", "lower"]
 Verdict = Literal[
-    "regression", "within tolerance", "worse", "better", "unchanged", "changed", "no significant change",
+    "regression", "within tolerance", "better", "unchanged", "changed", "no significant change",
     "added", "removed", "not comparable", "not run",
 ]
 
@@ -42,18 +46,23 @@ Verdict = Literal[
 @dataclass(frozen=True)
 class Judgement:
     """The verdict on two values of one metric; ``p_value`` when a rank test ran,
-    ``old_interval``/``new_interval`` for a side reported as samples."""
+    ``old_interval``/``new_interval`` for a side reported as samples; ``tolerance`` the one a
+    directional change was judged with, ``default_tolerance`` when that is ``DEFAULT_TOLERANCE``
+    because the plan declares none."""
 
     verdict: Verdict
     p_value: float | None = None
     old_interval: MedianInterval | None = None
     new_interval: MedianInterval | None = None
+    tolerance: float | None = None
+    default_tolerance: bool = False
 
 
 def judge(old: object, new: object, *, direction: Direction | None, tolerance: float | None,
           comparable: bool, confidence: float = DEFAULT_CONFIDENCE) -> Judgement:
     """The verdict on ``new`` against ``old`` (each a number, a list of samples, or another
-    value; both present: ``added``, ``removed`` and ``not run`` are the caller's)."""
+    value; both present: ``added``, ``removed`` and ``not run`` are the caller's); a
+    ``tolerance`` of ``None`` is ``DEFAULT_TOLERANCE`` for a metric with a ``direction``."""
     old_interval, new_interval = _interval(old, confidence), _interval(new, confidence)
     old_value = old_interval.median if old_interval else old
     new_value = new_interval.median if new_interval else new
@@ -62,8 +71,12 @@ def judge(old: object, new: object, *, direction: Direction | None, tolerance: f
     sampled = old_interval is not None or new_interval is not None
     p_value = mann_whitney(_samples(old), _samples(new)).p_value if sampled else None
 
+    default = direction is not None and tolerance is None
+    if default:
+        tolerance = DEFAULT_TOLERANCE
+
     def verdict(name: Verdict) -> Judgement:
-        return Judgement(name, p_value, old_interval, new_interval)
+        return Judgement(name, p_value, old_interval, new_interval, tolerance if direction else None, default)
 
     delta = float(new_value) - float(old_value)
     if delta == 0:
@@ -79,8 +92,6 @@ def judge(old: object, new: object, *, direction: Direction | None, tolerance: f
     worse = delta < 0 if direction == "higher" else delta > 0
     if not worse:
         return verdict("better")
-    if tolerance is None:
-        return verdict("worse")
     relative = abs(delta) / abs(float(old_value)) if old_value != 0 else math.inf
     return verdict("regression" if relative > tolerance else "within tolerance")
 

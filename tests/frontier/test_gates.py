@@ -22,7 +22,7 @@ TINY_END_TO_END = dict(preset="tiny", contexts=[24, 40], batch=2, batch_context=
 
 
 def test_end_to_end_plumbing_on_cpu_reports_fractions_as_samples_and_the_profilers_tables(monkeypatch, tmp_path):
-    from runner.gates.protocol import ARTIFACTS_ENV
+    from runner.protocol import ARTIFACTS_ENV
 
     monkeypatch.setenv(ARTIFACTS_ENV, str(tmp_path))
     m = end_to_end.run(**TINY_END_TO_END)
@@ -102,7 +102,7 @@ TINY_FP8 = dict(fp8_preset="tiny-fp8", bf16_preset="tiny", context=24, warmup=0,
 
 
 def test_end_to_end_fp8_plumbing_on_cpu_pairs_the_rounds_of_both_sides(monkeypatch, tmp_path):
-    from runner.gates.protocol import ARTIFACTS_ENV
+    from runner.protocol import ARTIFACTS_ENV
 
     monkeypatch.setenv(ARTIFACTS_ENV, str(tmp_path))
     timed = []

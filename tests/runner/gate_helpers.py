@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,20 @@ def pid_alive(pid: int) -> bool:
         return False
     state = stat[stat.rfind(b")") + 2 :].split()[0]
     return state not in (b"Z", b"X")
+
+
+@contextmanager
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` in the block, whatever this process inherited.
+
+    A test that sends itself SIGINT relies on Python's handler, which Python installs only when
+    SIGINT was not ignored at start-up; a shell's background job (``make test &``, ``nohup``)
+    starts with it ignored, and the signal is then dropped. The handler before is put back."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def group_alive(pgid: int) -> list[int]:

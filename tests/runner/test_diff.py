@@ -60,7 +60,8 @@ def test_plan_with_tolerance_loads_and_status_reads_it(tmp_path, runner_env):
         (2.0, 2.4, "higher", 0.05, True, "better"),
         (50.0, 60.0, "lower", 0.1, True, "regression"),        # 20% slower
         (50.0, 40.0, "lower", 0.1, True, "better"),
-        (2.0, 1.0, "higher", None, True, "worse"),             # no tolerance: never a regression
+        (2.0, 1.0, "higher", None, True, "regression"),        # no tolerance: the default 10%
+        (2.0, 1.9, "higher", None, True, "within tolerance"),  # 5% worse, within the default
         (2.0, 1.0, "higher", 0.05, False, "not comparable"),   # other machine
         (3, 4, None, 0.05, True, "changed"),                   # no expect: delta only
         (1.0, 1.0, "higher", 0.05, True, "unchanged"),
@@ -227,12 +228,17 @@ def test_markdown_header_names_each_run_once(tmp_path, runner_env):
     assert f"- A: `{OLD[0]}` ({OLD[1]}, testhost: no GPU)" in text and "((" not in text
 
 
-def test_worse_without_a_tolerance_is_named_not_silently_no_regression(tmp_path, runner_env):
+def test_worse_without_a_tolerance_is_judged_against_the_default_and_says_so(tmp_path, runner_env):
     repo = make_repo(tmp_path / "repo", tolerant_phases({}), git_init=False)
     check_run(repo.root, *OLD, speedup=2.0)
     check_run(repo.root, *NEW, speedup=1.6)
-    last = cli(runner_env, repo.root, "diff", OLD[0], NEW[0]).stdout.splitlines()[-1]
-    assert last == "no regression; 1 metric(s) worse with no tolerance declared, so not judged: check.speedup"
+    result = cli(runner_env, repo.root, "diff", OLD[0], NEW[0])
+    assert result.exit_code == 1, result.text
+    last = result.stdout.splitlines()[-1]
+    assert last == ("1 regression(s); judged against the default tolerance of 10% (the plan declares no "
+                    "tolerance: for them): check.speedup")
+    [row] = [line for line in result.stdout.splitlines() if " speedup " in line]
+    assert "10% (default)" in row and row.split()[-1] == "regression"
 
 
 def test_samples_are_compared_by_their_median(tmp_path):

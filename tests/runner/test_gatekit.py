@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runner import gatekit
-from runner.gates.protocol import GateFiles
+from runner.protocol import GateFiles
 from runner.views.plots import read_plot_document
 
 

@@ -12,7 +12,7 @@ import pytest
 from runner import untrusted
 from runner.gates import output as gateoutput
 from runner.gates.execute import run_gate
-from runner.gates.protocol import ARTIFACTS_ENV, STATUS_ENV
+from runner.protocol import ARTIFACTS_ENV, STATUS_ENV
 from tests.runner.gate_helpers import make_gate, python_cmd
 
 

@@ -18,8 +18,8 @@ import runner
 RUNNER = Path(runner.__file__).resolve().parent  # the installed runner, or this checkout's
 
 # The foundation: imports nothing of the runner but these (a gate imports gatekit).
-BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.gates",
-        "runner.gates.protocol", "runner.atomic", "runner.untrusted", "runner.gatekit"}
+BASE = {"runner", "runner.errors", "runner.timeutil", "runner.formatting", "runner.protocol", "runner.atomic",
+        "runner.untrusted", "runner.gatekit"}
 # Read-only views: they must not pull in gate execution, locking or the use cases.
 READ_ONLY = {"runner.workspace", "runner.views.status", "runner.views.history", "runner.views.runs",
              "runner.views.html", "runner.views.diff", "runner.views.plots", "runner.records.run_folder",
@@ -36,7 +36,7 @@ LAYERS = [
     ("gates", {"runner.gates.*"}),
     ("context", {"runner.workspace", "runner.runs", "runner.phase_run"}),
     ("views", {"runner.views.*"}),
-    ("use cases", {"runner.advance", "runner.evidence", "runner.check"}),
+    ("use cases", {"runner.advance", "runner.evidence", "runner.check", "runner.gate_out"}),
     ("command line", {"runner.cli", "runner.cli.*", "runner.__main__"}),
 ]
 
@@ -87,11 +87,41 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 GRAPH = import_graph()
 
 
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every (importer, imported) pair whose imported module lies in a layer above the importer's."""
+    return sorted((module, target) for module, targets in graph.items() for target in targets
+                  if layer_of(target) > layer_of(module))
+
+
 @pytest.mark.parametrize("module", sorted(GRAPH))
 def test_a_module_imports_only_its_layer_and_the_ones_below(module):
     own = layer_of(module)
     above = {target for target in GRAPH[module] if layer_of(target) > own}
     assert above == set(), f"{module} ({LAYERS[own][0]}) imports from a layer above it: {above}"
+
+
+def test_the_runner_has_no_upward_import():
+    assert upward_imports(GRAPH) == []
+
+
+def test_a_planted_upward_import_is_caught():
+    planted = {module: set(targets) for module, targets in GRAPH.items()}
+    planted["runner.records.results"].add("runner.gates.execute")
+    # the old layout: base code filed under gates/, imported by records/
+    planted["runner.gates.protocol"] = set()
+    planted["runner.records.run_folder"].add("runner.gates.protocol")
+    assert upward_imports(planted) == [("runner.records.results", "runner.gates.execute"),
+                                       ("runner.records.run_folder", "runner.gates.protocol")]
+
+
+def test_a_module_sits_in_its_folders_layer():
+    """A module named in a layer of its own lies in no folder that ``LAYERS`` files under another
+    layer: code of the base filed under ``gates/`` would make every import of it look upward."""
+    for index, (name, members) in enumerate(LAYERS):
+        for module in (member for member in members if not member.endswith(".*")):
+            folders = [other for other, (_, group) in enumerate(LAYERS) if any(
+                member.endswith(".*") and module.startswith(member[:-1]) for member in group)]
+            assert folders in ([], [index]), f"{module} is filed under {name} but lies in {LAYERS[folders[0]][0]}'s folder"
 
 
 def test_no_cycles():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from runner.plan.load import load_plan
 from runner.repo import checkpoint
-from tests.runner.gate_helpers import group_alive
+from tests.runner.gate_helpers import group_alive, sigint_raises
 from tests.runner.repo_fixtures import (
     METRICS_OK,
     Repo,
@@ -47,7 +47,7 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
     phases = default_phases()
     phases[0]["gates"] = [gate("build", "build", "echo built"),
                           gate("check", "verify", f"echo partial output; touch {started}; exec sleep 600",
-                               timeout=900),
+                               timeout=60),  # a dropped SIGINT ends the gate (and fails the test) here
                           gate("late", "verify", "true")]
     repo = make_repo(tmp_path / "repo", phases)
     before = repo.plan.read_bytes()
@@ -59,7 +59,8 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
 
     thread = threading.Thread(target=interrupt_when_started)
     thread.start()
-    result = cli(runner_env, repo.root, "advance")
+    with sigint_raises():
+        result = cli(runner_env, repo.root, "advance")
     thread.join()
     assert result.exit_code == 130, result.text
     assert repo.plan.read_bytes() == before and repo.commit_count() == 1
@@ -78,7 +79,7 @@ def test_interrupt_writes_a_report_marked_interrupted(tmp_path, runner_env):
 def test_interrupted_evidence_keeps_its_report_marked_evidence(tmp_path, runner_env):
     started = tmp_path / "started"
     phases = default_phases()
-    phases[1]["gates"] = [gate("wait", "verify", f"touch {started}; exec sleep 600", timeout=900)]
+    phases[1]["gates"] = [gate("wait", "verify", f"touch {started}; exec sleep 600", timeout=60)]
     repo = make_repo(tmp_path / "repo", phases)
     before = repo.plan.read_bytes()
 
@@ -88,7 +89,8 @@ def test_interrupted_evidence_keeps_its_report_marked_evidence(tmp_path, runner_
 
     thread = threading.Thread(target=interrupt_when_started)
     thread.start()
-    result = cli(runner_env, repo.root, "advance", "--evidence", "--phase", "beta")
+    with sigint_raises():
+        result = cli(runner_env, repo.root, "advance", "--evidence", "--phase", "beta")
     thread.join()
     assert result.exit_code == 130, result.text
     assert "interrupted while running the gates of beta" in result.text

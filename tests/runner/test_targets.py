@@ -121,4 +121,4 @@ def test_a_target_alone_says_which_way_is_better(tmp_path, runner_env):
     check_run(repo.root, "20261202T000000Z-bbbbbbbb", "2026-12-02T00:00:00Z", 1.0)
     result = cli(runner_env, repo.root, "diff", "20261201T000000Z-aaaaaaaa", "20261202T000000Z-bbbbbbbb")
     [row] = [line for line in result.stdout.splitlines() if " speedup " in line]
-    assert row.split()[-1] == "worse" and ">= 10, 9 short" in row
+    assert row.split()[-1] == "regression" and ">= 10, 9 short" in row  # 50% worse: beyond the default 10%
