@@ -109,7 +109,7 @@ class Engine:
     """Generation through one model runner (its model, pool and attention backend).
 
     Built by ``serving.stack.build_engine`` from a ``ServingConfig``; nothing is attached later.
-    drafter: None for plain greedy decoding; prefill_chunk: prompt tokens per prefill forward
+    drafter: None for plain decoding; prefill_chunk: prompt tokens per prefill forward
     (32768: each chunk re-expands its whole prefix through ``kv_b_proj`` and, on cuDNN, builds an
     attention plan, so fewer chunks cost less; ``limits.estimate`` puts ``dsv3-tp8`` at 185k
     tokens at 32 GiB in all, 28 GiB with 8192-token chunks);
