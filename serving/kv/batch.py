@@ -80,8 +80,9 @@ class StepBatch:
 
     kind: one of KINDS. num_layers: run only the first layers (a layer-skip drafter), None: all.
     topk: also return each row's top-``topk`` token ids (a drafter's first step), 0: none.
-    accept: greedy acceptance of the drafts on the device, and the accepted slots written to
-        the slot table (a decode / verify step of the target model).
+    accept: acceptance of the drafts on the device (greedy, or speculative sampling with
+        ``sample``), and the accepted slots written to the slot table (a decode / verify step
+        of the target model).
     logits_rows: extend only, rows to return logits for (None: every row).
     mtp: what the step runs of the model's MTP module (``serving.speculation.mtp``): "" none;
         "after" the target's step, then the module over its rows (its latent rows, and its
