@@ -30,7 +30,8 @@ the greedy ones the greedy rows replay). Rows ``sampled_{mode}_{ctx}_b{B}_tok_s`
 ``_tokens_per_step`` and, but for plain, ``_ratio`` (over sampled plain's tokens/s at the same
 context and batch). A greedy loop is easy to draft; sampled text is not, so these rows measure
 the drafters where loops cannot flatter them. Cost: 16 more generations at the defaults (about
-40 s on an H200 at the NOTES' speeds) and the sampled graphs' capture. The CPU profile (no
+a minute on an H200 at the NOTES' speeds, most of it the B=8 16k prefills) and the sampled
+graphs' capture. The CPU profile (no
 CUDA) measures them only when ``sampled_modes`` names them: it checks plumbing, and under
 Triton's interpreter every generation costs seconds.
 
