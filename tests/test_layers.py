@@ -5,7 +5,8 @@ never a peer room of its own layer):
 
 0. ``kernel``: the kernel library;
 1. ``serving.configs`` (the checkpoint's config) and ``serving.device`` (device, timers);
-2. ``serving.quant``, ``serving.kv`` and ``serving.parallel``;
+2. ``serving.quant``, ``serving.kv``, ``serving.parallel`` and ``serving.sampling`` (sampling
+   parameters and the on-device sampler);
 3. ``serving.attention``;
 4. ``serving.model``;
 5. ``serving.speculation``;
@@ -59,7 +60,7 @@ def group_of(module: str) -> str:
 RANK = {
     "kernel": 0,
     "serving.configs": 1, "serving.device": 1,
-    "serving.quant": 2, "serving.kv": 2, "serving.parallel": 2,
+    "serving.quant": 2, "serving.kv": 2, "serving.parallel": 2, "serving.sampling": 2,
     "serving.attention": 3,
     "serving.model": 4,
     "serving.speculation": 5,

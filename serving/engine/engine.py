@@ -13,11 +13,18 @@ Decisions:
   of a topologically ordered tree is a tree), down to plain decoding.
 - A request that cannot get slots fails with the pool's message and releases everything it
   holds; the other requests of the batch go on.
+- Sampling is per request (``Request.sampling``): a step with any sampled request is a sampled
+  step (``StepBatch.sample``: speculative sampling on the device, greedy requests in it as
+  greedy), one with none is the greedy step as before. A sampled request without a seed gets
+  one when it is added, from the engine's ``seed`` (None: the operating system's randomness),
+  so every draw after that is a function of the request alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +35,7 @@ from serving.engine.model_runner import ModelRunner
 from serving.kv.batch import StepBatch, StepEntry
 from serving.kv.pool import KVPool, PoolExhausted, TableFull
 from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.sampling.params import GREEDY, SEED_LIMIT, SamplingParams
 from serving.speculation.accept import bf16_resolution
 from serving.speculation.drafters import DraftContext, Drafter, fused_topk
 from serving.speculation.tree import DraftTree
@@ -39,6 +47,7 @@ _REQUEST_IDS = itertools.count(1)  # unique across engines, which may share one 
 class Request:
     """One generation request and its outcome.
 
+    sampling: how it chooses tokens (greedy by default; a sampled request has a seed once added).
     output: emitted tokens; error: why it failed (None when it finished); margins: per emitted
     token, the top-1 minus top-2 logit of the row that chose it, and tie_flags: whether that
     gap is at most one bf16 ulp of the top logit (when the engine records them).
@@ -47,6 +56,7 @@ class Request:
     req_id: int
     prompt: list[int]
     max_new_tokens: int
+    sampling: SamplingParams = GREEDY
     output: list[int] = field(default_factory=list)
     error: str | None = None
     finished: bool = False
@@ -96,10 +106,10 @@ class StepStats:
 
 
 class Engine:
-    """Greedy generation through one model runner (its model, pool and attention backend).
+    """Generation through one model runner (its model, pool and attention backend).
 
     Built by ``serving.stack.build_engine`` from a ``ServingConfig``; nothing is attached later.
-    drafter: None for plain greedy decoding; prefill_chunk: prompt tokens per prefill forward
+    drafter: None for plain decoding; prefill_chunk: prompt tokens per prefill forward
     (32768: each chunk re-expands its whole prefix through ``kv_b_proj`` and, on cuDNN, builds an
     attention plan, so fewer chunks cost less; ``limits.estimate`` puts ``dsv3-tp8`` at 185k
     tokens at 32 GiB in all, 28 GiB with 8192-token chunks);
@@ -107,7 +117,8 @@ class Engine:
     record_margins: keep each emitted token's top-two logit gap (the greedy gate's tie check);
     profile: time the attention calls of eager steps (CUDA events) to report attention's share
     of a step; between_steps: called as ``hook(engine)`` after every step of ``run()``, when no
-    step is in flight (``serving.defrag``'s compaction: a hook may move pool rows and rename slots).
+    step is in flight (``serving.defrag``'s compaction: a hook may move pool rows and rename slots);
+    seed: where the seeds of sampled requests that bring none come from (None: the OS's randomness).
     """
 
     def __init__(
@@ -119,6 +130,7 @@ class Engine:
         record_margins: bool = False,
         profile: bool = False,
         between_steps: Sequence[Callable[["Engine"], None]] = (),
+        seed: int | None = None,
     ) -> None:
         if prefill_chunk < 1:
             raise ValueError(f"Expected prefill_chunk >= 1, got {prefill_chunk}")
@@ -129,6 +141,7 @@ class Engine:
         self.profile = profile
         self.stats = StepStats()
         self.between_steps = tuple(between_steps)
+        self._seeds = random.Random(seed) if seed is not None else random.SystemRandom()
         # The MTP drafter's first level rides on the target's steps (serving.speculation.mtp).
         self.mtp_topk = fused_topk(drafter)
         if self.mtp_topk and runner.mtp is None:  # an engine built by hand, past serving.stack's check
@@ -149,8 +162,14 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def add_request(self, prompt: list[int], max_new_tokens: int) -> Request:
-        return Request(next(_REQUEST_IDS), [int(t) for t in prompt], int(max_new_tokens))
+    def add_request(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams | None = None) -> Request:
+        """A new request; a sampled one without a seed gets one from the engine's seed source."""
+        sampling = sampling or GREEDY
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"Expected sampling as SamplingParams, got {type(sampling).__name__}")
+        if sampling.samples and sampling.seed is None:
+            sampling = dataclasses.replace(sampling, seed=self._seeds.randrange(SEED_LIMIT))
+        return Request(next(_REQUEST_IDS), [int(t) for t in prompt], int(max_new_tokens), sampling)
 
     def _fail(self, req: Request, message: str) -> None:
         req.error = message
@@ -210,7 +229,7 @@ class Engine:
             except PoolExhausted as exc:
                 return self._fail(req, str(exc))
             entry = StepEntry(table.row(req.req_id), start, slots, req.prompt[start:end], list(range(start, end)),
-                              lookahead=req.prompt[end] if end < n else None)
+                              lookahead=req.prompt[end] if end < n else None, sampling=req.sampling)
             logits = self.runner.extend(StepBatch("extend", [entry], logits_rows=[end - start - 1] if end == n else [],
                                                   mtp=self._mtp, topk=self.mtp_topk))
             table.append(req.req_id, slots)
@@ -223,7 +242,11 @@ class Engine:
         if self.record_margins:
             top = logits[0].topk(2).values
             gaps, ties = [float(top[0] - top[1])], [bool(top[0] - top[1] <= bf16_resolution(top[0]))]
-        self._emit(req, [int(logits[0].argmax())], gaps, ties)
+        if req.sampling.samples:
+            first = int(self.runner.first_tokens(logits[:1], [req.sampling], [n - 1])[0])
+        else:
+            first = int(logits[0].argmax())
+        self._emit(req, [first], gaps, ties)
 
     def fork_prefix(self, req: Request, source_slots: list[int]) -> None:
         """Start ``req`` with a copy of rows already cached for its first ``len(source_slots)``
@@ -291,8 +314,10 @@ class Engine:
                 table.row(req.req_id), base, slots, [req.last_token] + tree.tokens,
                 [base] + [base + d for d in tree.depths()],
                 [-1] + [0 if p < 0 else p + 1 for p in tree.parents] if kind == "verify" else None,
+                sampling=req.sampling,
             ))
-        result = self.runner.run(StepBatch(kind, step_entries, accept=True, mtp=self._mtp, topk=self.mtp_topk))
+        sample = any(req.sampling.samples for req, _, _ in entries)
+        result = self.runner.run(StepBatch(kind, step_entries, accept=True, mtp=self._mtp, topk=self.mtp_topk, sample=sample))
         for b, (req, tree, slots) in enumerate(entries):
             path = result.path[b]
             keep = [slots[cell] for cell in path]
@@ -328,6 +353,11 @@ class Engine:
                 hook(self)
         return requests
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Request]:
-        """Greedy generation for a batch of token-id prompts; see ``Request`` for the results."""
-        return self.run([self.add_request(p, max_new_tokens) for p in prompts])
+    def generate(self, prompts: list[list[int]], max_new_tokens: int,
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Request]:
+        """Generation for a batch of token-id prompts: greedy, or ``sampling`` (one for every
+        prompt, or one per prompt); see ``Request`` for the results."""
+        per_prompt = list(sampling) if isinstance(sampling, Sequence) else [sampling] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"Expected one SamplingParams per prompt ({len(prompts)}), got {len(per_prompt)}")
+        return self.run([self.add_request(p, max_new_tokens, s) for p, s in zip(prompts, per_prompt)])

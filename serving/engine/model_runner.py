@@ -7,12 +7,18 @@ back (``StepResult``); the runner does the rest in two halves:
   device (or into a captured bucket's static buffers), plan the attention (one
   ``MLAVerifyWrapper.plan`` per step), make sure the rope tables cover the positions.
 - ``forward_step``: device work only. Build ``kv_indices`` from the slot table, run the model,
-  take each row's greedy token (and margin, and the drafter's top-k), accept the drafts and
-  write the accepted slots to the slot table. This is what a CUDA graph captures
-  (``serving.graphs``); eager steps run the same function.
+  take each row's greedy token (and margin, and the drafter's top-k), accept the drafts
+  (greedily, or by speculative sampling in a sampled step) and write the accepted slots to the
+  slot table. This is what a CUDA graph captures (``serving.graphs``); eager steps run the same
+  function.
 
 Decisions:
-- Prefill (``extend``) is always eager: its shapes follow the prompt.
+- Prefill (``extend``) is always eager: its shapes follow the prompt. A sampled request's first
+  token is drawn there (``first_tokens``) with the draw a decode step would use at that position.
+- A sampled step (``StepShape.sample``) computes the processed distributions of every row and
+  accepts by speculative sampling (``serving.speculation.rejection``); greedy rows of it get
+  one-hot distributions, which accept exactly as ``greedy_accept``. A greedy step runs the
+  greedy path alone, as it did before sampling existed.
 - One result read per step: the integer outputs are packed on the device and copied back in
   one transfer (plus one for the margins), the step's only host sync.
 - Graph replay belongs to the runner that captured it: the runner is built with a
@@ -43,8 +49,10 @@ from serving.kv.batch import (
 from serving.kv.indices import build_kv_indices
 from serving.kv.pool import KVPool
 from serving.model.deepseek_v3 import DeepseekV3Model
+from serving.sampling.sampler import columns, processed_probs, sample_rows
 from serving.speculation.accept import greedy_accept, row_outputs, write_accepted_slots
 from serving.speculation.mtp import MTPState
+from serving.speculation.rejection import sampled_accept
 from serving.speculation.tree import MAX_VERIFY_TOKENS
 
 
@@ -211,8 +219,12 @@ class ModelRunner:
         else:
             logits = self.model.forward(batch, self.pool, self.backend, num_layers=shape.num_layers)
         outputs = row_outputs(logits, shape.topk if shape.mtp != "after" else 0)
-        if shape.accept:
+        if shape.accept and shape.sample:
+            probs = processed_probs(logits, f["temperature"], f["top_k"], f["top_p"], f["min_p"])
+            outputs.update(sampled_accept(probs, f, shape.width))
+        elif shape.accept:
             outputs.update(greedy_accept(outputs["pred"], f, shape.width))
+        if shape.accept:
             write_accepted_slots(self.pool.table.rows, f, outputs["order"], outputs["n_accepted"], shape.width)
         if shape.mtp == "after":
             # The module over every row, fed the target's choice after it; its output at each
@@ -220,7 +232,8 @@ class ModelRunner:
             state = self._mtp_state()
             last = outputs["order"].gather(1, outputs["n_accepted"][:, None])
             sel = f["grid_rows"].view(-1, shape.width).gather(1, last).squeeze(1)
-            mtp_logits, out = self.model.mtp_forward(batch, self.pool, self.backend, hidden, outputs["pred"], logits_rows=sel)
+            after = outputs.pop("next_ids", outputs["pred"])  # the token after each row: sampled steps' own
+            mtp_logits, out = self.model.mtp_forward(batch, self.pool, self.backend, hidden, after, logits_rows=sel)
             state.hidden.index_copy_(0, f["rows"], out.index_select(0, sel))
             outputs["mtp_topk"] = mtp_logits.topk(shape.topk, dim=-1).indices
         return pack_outputs(outputs)
@@ -255,6 +268,12 @@ class ModelRunner:
         if step.mtp == "after":
             for e, c in zip(step.entries, result.mtp_topk):
                 self.mtp.candidates[e.row] = c
+
+    def first_tokens(self, logits: torch.Tensor, sampling: list, positions: list[int]) -> torch.Tensor:
+        """int64 [M] on the device: the token after each of ``logits``' rows (float32 [M, V], a
+        prefill's last rows), drawn as a decode step at ``positions`` would draw it with each
+        row's ``SamplingParams`` (None or greedy: the argmax)."""
+        return sample_rows(logits, **columns(sampling, self.device), position=torch.tensor(positions).to(self.device))
 
     # ---- steps ---------------------------------------------------------------------------
 
@@ -291,7 +310,8 @@ class ModelRunner:
     def _mtp_extend(self, step: StepBatch, batch: ForwardBatch, logits: torch.Tensor | None, hidden: torch.Tensor,
                     logits_rows: list[int] | None) -> None:
         """The MTP module over a prefill chunk: each row fed the prompt's next token (an entry's
-        ``lookahead`` past its end, the target's choice at the prompt's end); at a prompt's end
+        ``lookahead`` past its end, at the prompt's end the token the engine emits there: the
+        target's argmax, or the request's sampled first token, ``first_tokens``); at a prompt's end
         its state and top tokens are kept for the first proposal."""
         state = self._mtp_state()
         where = {r: k for k, r in enumerate(range(batch.num_tokens) if logits_rows is None else logits_rows)}
@@ -302,18 +322,23 @@ class ModelRunner:
             if e.lookahead is None:
                 if end not in where:
                     raise ValueError(f"Expected the logits of row {end} (a prompt's end) for the MTP module, got rows {logits_rows}")
-                ends.append((e.row, end))
+                ends.append((e.row, end, e))
             start = end + 1
         ids = torch.tensor(next_ids, dtype=torch.long).to(self.device, non_blocking=True)
         if ends:
-            end_rows = torch.tensor([r for _, r in ends], dtype=torch.long, device=self.device)
-            picks = torch.tensor([where[r] for _, r in ends], dtype=torch.long, device=self.device)
-            ids.index_copy_(0, end_rows, logits.index_select(0, picks).argmax(dim=-1))
+            end_rows = torch.tensor([r for _, r, _ in ends], dtype=torch.long, device=self.device)
+            picks = torch.tensor([where[r] for _, r, _ in ends], dtype=torch.long, device=self.device)
+            end_logits = logits.index_select(0, picks)
+            if any(e.sampling is not None and e.sampling.samples for _, _, e in ends):  # the token the engine will emit
+                chosen = self.first_tokens(end_logits, [e.sampling for _, _, e in ends], [e.positions[-1] for _, _, e in ends])
+            else:
+                chosen = end_logits.argmax(dim=-1)
+            ids.index_copy_(0, end_rows, chosen)
         mtp_logits, out = self.model.mtp_forward(batch, self.pool, self.backend, hidden, ids,
                                                  logits_rows=end_rows if ends else torch.zeros(0, dtype=torch.long, device=self.device))
         if ends:
-            table_rows = torch.tensor([row for row, _ in ends], dtype=torch.long, device=self.device)
+            table_rows = torch.tensor([row for row, _, _ in ends], dtype=torch.long, device=self.device)
             state.hidden.index_copy_(0, table_rows, out.index_select(0, end_rows))
             top = mtp_logits.topk(min(step.topk or 1, mtp_logits.shape[-1]), dim=-1).indices.tolist()
-            for (row, _), c in zip(ends, top):
+            for (row, _, _), c in zip(ends, top):
                 state.candidates[row] = c

@@ -12,17 +12,21 @@ Decisions:
   forward's collectives, so the rank prints it with its rank, aborts its process group and
   exits at once (torchrun then stops the other ranks).
 - Exit codes as in one process: 2 for a bad input (a ValueError on every failed rank), 1 for
-  any other failure.
+  any other failure. The flags and the device are checked on each rank before it joins the
+  process group (a rank cannot join without its device): a usage error there is one process's
+  line and exit code 2 on every rank, with no process group to wait for.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
 import torch
 
 from serving.attention.backends import AttentionBackend
+from serving.device.select import resolve_device
 from serving.engine.model_runner import ModelRunner, StepResult
 from serving.kv.batch import StepBatch
 from serving.kv.pool import KVPool
@@ -75,12 +79,19 @@ def say(line: str) -> None:
     sys.stderr.flush()
 
 
-def device_type(requested: str | None) -> str:
+def device_type(requested: str | None, local_rank: int | None = None) -> str:
     """The device type the ranks run on: ``--device``'s (its index is LOCAL_RANK's under torchrun),
-    else CUDA when there is a GPU; ValueError for another."""
+    else CUDA when there is a GPU; ValueError (one process's message) for another, or for CUDA
+    without a GPU for ``local_rank`` (default: ``$LOCAL_RANK``)."""
     kind = requested.split(":")[0] if requested else ("cuda" if torch.cuda.is_available() else "cpu")
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"Expected --device cpu or cuda under torchrun, got {requested!r}")
+    if kind == "cuda":
+        resolve_device("cuda")  # no GPU at all: the line one process prints
+        local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(f"Expected a GPU for each rank of --device cuda, got {torch.cuda.device_count()} visible for "
+                             f"local rank {local_rank}; start at most that many ranks per node (--nproc-per-node)")
     return kind
 
 
@@ -89,15 +100,24 @@ def generated_tokens(result: dict) -> list[int]:
     return [t for r in result["requests"] for t in r["output"] + [-1]]
 
 
-def run_on_ranks(args, generate: Callable[..., dict], tokens: Callable[[dict], list[int]] = generated_tokens) -> dict | None:
+def run_on_ranks(args, generate: Callable[..., dict], tokens: Callable[[dict], list[int]] = generated_tokens,
+                 check: Callable[..., None] | None = None) -> dict | None:
     """Join torchrun's process group and run ``generate(args, tp)`` on every rank.
 
     ``tokens``: what the ranks must agree on in the result (compared across them at the end).
+    ``check``: the command's flag check (ValueError), run with the device check before joining.
     Returns the result on rank 0 and None on the others; on a failure, prints it (see the
     module docstring) and raises SystemExit with a non-zero code on every rank.
     """
     try:
-        tp = init_from_env(device_type(args.device))
+        if check is not None:
+            check(args)
+        kind = device_type(args.device)
+    except ValueError as exc:  # every rank finds the same: one process's line, on each rank
+        say(f"error: {exc}")
+        raise SystemExit(2) from exc
+    try:
+        tp = init_from_env(kind)
     except Exception as exc:  # noqa: BLE001 - the one-line message of this rank's failure to start
         say(f"error: tensor-parallel start-up failed: {type(exc).__name__}: {exc}")
         raise SystemExit(2 if isinstance(exc, ValueError) else 1) from exc

@@ -2,7 +2,8 @@
 
 A *family* is a kind of step an engine issues, with what it computes fixed (``StepShape``):
 the target's decode step, its verify step of at most ``width`` tokens per entry, and a
-layer-skip drafter's two step kinds. A *key* is a family at one bucket batch size: one graph.
+layer-skip drafter's two step kinds; with sampling, the target's two again as sampled steps
+(``StepBatch.sample``: a step with any sampled request). A *key* is a family at one bucket batch size: one graph.
 A step runs on the smallest captured bucket of its family that holds it, padded (see
 ``serving.kv.batch``); a step no bucket holds runs eagerly.
 
@@ -17,7 +18,7 @@ Decisions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from serving.kv.batch import StepBatch, StepEntry, StepLayout, StepShape
 from serving.speculation.drafters import Drafter, fused_topk
@@ -37,8 +38,8 @@ class StepFamily:
     copies: int = 1
 
     def serves(self, step: StepBatch) -> bool:
-        return (step.kind, step.num_layers, step.topk, step.accept, step.mtp) == (
-            self.shape.kind, self.shape.num_layers, self.shape.topk, self.shape.accept, self.shape.mtp
+        return (step.kind, step.num_layers, step.topk, step.accept, step.mtp, step.sample) == (
+            self.shape.kind, self.shape.num_layers, self.shape.topk, self.shape.accept, self.shape.mtp, self.shape.sample
         ) and step.max_tokens <= self.shape.width and max(len(e.tail) for e in step.entries) <= self.tail
 
 
@@ -53,24 +54,29 @@ class GraphKey:
         w = self.family.shape.width
         tails = self.batch * self.family.tail
         kv = min(self.batch * max_context, self.family.copies * pool_slots) + tails
-        return StepLayout(batch=self.batch, tokens=self.batch * w, tails=tails, mask=self.batch * w * w, width=w, kv=kv)
+        return StepLayout(batch=self.batch, tokens=self.batch * w, tails=tails, mask=self.batch * w * w, width=w, kv=kv,
+                          sampled=self.batch * w if self.family.shape.sample else 0)
 
     def describe(self) -> str:
         return f"{self.family.name}[b{self.batch}]"
 
 
-def families_for(drafter: Drafter | None, num_layers: int) -> list[StepFamily]:
+def families_for(drafter: Drafter | None, num_layers: int, sample: bool = False) -> list[StepFamily]:
     """The step families an engine with ``drafter`` issues: the target's decode step, its verify
     step as wide as the drafter's trees (``Drafter.max_drafts``), and the drafter's own steps
-    (``Drafter.draft_steps``)."""
+    (``Drafter.draft_steps``); with ``sample``, the target's steps once more as sampled steps."""
     if drafter is None:
-        return [StepFamily("decode", StepShape("decode", None, 1, 0, True), tail=1)]
-    fused = fused_topk(drafter)  # the MTP module's first level, computed by the target's steps
-    mtp = "after" if fused else ""
-    out = [StepFamily("decode", StepShape("decode", None, 1, fused, True, mtp), tail=1)]
-    width = 1 + min(drafter.max_drafts, MAX_VERIFY_TOKENS - 1)
-    out.append(StepFamily("verify", StepShape("verify", None, width, fused, True, mtp), tail=width))
-    out += [StepFamily(d.name, d.shape, d.tail, d.copies) for d in drafter.draft_steps(num_layers)]
+        out = [StepFamily("decode", StepShape("decode", None, 1, 0, True), tail=1)]
+    else:
+        fused = fused_topk(drafter)  # the MTP module's first level, computed by the target's steps
+        mtp = "after" if fused else ""
+        out = [StepFamily("decode", StepShape("decode", None, 1, fused, True, mtp), tail=1)]
+        width = 1 + min(drafter.max_drafts, MAX_VERIFY_TOKENS - 1)
+        out.append(StepFamily("verify", StepShape("verify", None, width, fused, True, mtp), tail=width))
+    if sample:
+        out += [StepFamily(f.name + "-sampled", replace(f.shape, sample=True), f.tail, f.copies) for f in list(out)]
+    if drafter is not None:
+        out += [StepFamily(d.name, d.shape, d.tail, d.copies) for d in drafter.draft_steps(num_layers)]
     return out
 
 
@@ -100,4 +106,5 @@ def placeholder_step(key: GraphKey) -> StepBatch:
     w = shape.width
     parents = [-1] + [t - 1 for t in range(1, w)] if shape.kind == "verify" else None
     entries = [StepEntry(0, 0, [0] * max(w, key.family.tail), [0] * w, list(range(w)), parents) for _ in range(key.batch)]
-    return StepBatch(shape.kind, entries, num_layers=shape.num_layers, topk=shape.topk, accept=shape.accept, mtp=shape.mtp)
+    return StepBatch(shape.kind, entries, num_layers=shape.num_layers, topk=shape.topk, accept=shape.accept, mtp=shape.mtp,
+                     sample=shape.sample)

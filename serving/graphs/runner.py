@@ -207,14 +207,16 @@ class CudaGraphs:
     """The replay factory a ``ModelRunner`` is built with (``ModelRunner(..., replay=CudaGraphs(...))``):
     called once by the runner, it captures every step the runner can be asked for (the
     drafter's included) at ``batch_sizes`` and returns the ``CudaGraphRunner`` the runner keeps.
-    ``capture=False``: static buffers and re-planning without capture (CPU)."""
+    ``capture=False``: static buffers and re-planning without capture (CPU). ``sample``: the
+    target's sampled steps too (an engine that serves sampled requests)."""
 
     drafter: Drafter | None = None
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     capture: bool = True
+    sample: bool = False
 
     def __call__(self, runner: ModelRunner) -> CudaGraphRunner:
-        families = families_for(self.drafter, runner.model.num_layers)
+        families = families_for(self.drafter, runner.model.num_layers, self.sample)
         graphs = CudaGraphRunner(runner, keys_for(families, self.batch_sizes), self.capture)
         warmup_s, warmup_error = 0.0, None
         if self.capture:

@@ -15,14 +15,22 @@ Decisions:
 - Padding (graph buckets) is inert: padded tokens have id 0 at position 0 and write their
   latent rows to slot 0, which the allocator never hands out; padded entries have no KV
   (``kv_len`` 0) and are not in the attention plan.
+- A sampled step (``StepBatch.sample``) packs each row's request's sampling parameters (seed,
+  temperature, top-k, top-p, min-p) with the rows, as device tensors a captured graph reads
+  (``serving.sampling``); a greedy step's layout has none of them, and packs as before.
+  Padded rows are greedy (temperature 0).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from serving.sampling.params import SamplingParams
 
 KINDS = ("extend", "decode", "verify")
 MTP_MODES = ("", "after", "chain")
@@ -43,6 +51,8 @@ class StepEntry:
         the chain's first token (its request's table row; 0: the padding row).
     lookahead: an MTP extend's token after the entry's last one (the next chunk's first);
         None: the target's own choice there (the prompt's end).
+    sampling: the request's ``SamplingParams`` (``serving.sampling``; a sampled step packs them
+        per row, a prefill's end samples its first token with them); None: greedy.
     """
 
     row: int
@@ -53,6 +63,7 @@ class StepEntry:
     parents: list[int] | None = None
     hidden_src: int = 0
     lookahead: int | None = None
+    sampling: "SamplingParams | None" = None
 
     @property
     def num_tokens(self) -> int:
@@ -69,14 +80,18 @@ class StepBatch:
 
     kind: one of KINDS. num_layers: run only the first layers (a layer-skip drafter), None: all.
     topk: also return each row's top-``topk`` token ids (a drafter's first step), 0: none.
-    accept: greedy acceptance of the drafts on the device, and the accepted slots written to
-        the slot table (a decode / verify step of the target model).
+    accept: acceptance of the drafts on the device (greedy, or speculative sampling with
+        ``sample``), and the accepted slots written to the slot table (a decode / verify step
+        of the target model).
     logits_rows: extend only, rows to return logits for (None: every row).
     mtp: what the step runs of the model's MTP module (``serving.speculation.mtp``): "" none;
         "after" the target's step, then the module over its rows (its latent rows, and its
         top-``topk`` tokens after each entry's last accepted token); "chain" the module alone,
         every entry one chain of as many levels as it has tokens (a verify step of causal
         chains; ``ModelRunner._mtp_chain``).
+    sample: the step's rows carry their requests' sampling parameters, and acceptance is
+        speculative sampling (``serving.speculation.rejection``; a greedy entry's result is the
+        greedy one); only for an accepting decode / verify step. False: greedy, as before.
     """
 
     kind: str
@@ -86,6 +101,7 @@ class StepBatch:
     accept: bool = False
     logits_rows: list[int] | None = None
     mtp: str = ""
+    sample: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -94,6 +110,9 @@ class StepBatch:
             raise ValueError(f"Expected mtp in {MTP_MODES}, got {self.mtp!r}")
         if not self.entries:
             raise ValueError("Expected at least one entry in a step, got none")
+        if self.sample and (self.kind == "extend" or not self.accept):
+            raise ValueError(f"Expected sample=True only on an accepting decode or verify step, got a {self.kind} step "
+                             f"with accept={self.accept}")
         for b, e in enumerate(self.entries):
             t = e.num_tokens
             if t < 1 or len(e.positions) != t or len(e.tail) < t:
@@ -129,10 +148,11 @@ class StepShape:
     topk: int
     accept: bool
     mtp: str = ""  # StepBatch.mtp; with "after", topk counts the MTP module's tokens per entry
+    sample: bool = False  # StepBatch.sample
 
     @staticmethod
     def of(step: StepBatch, width: int | None = None) -> "StepShape":
-        return StepShape(step.kind, step.num_layers, width or step.max_tokens, step.topk, step.accept, step.mtp)
+        return StepShape(step.kind, step.num_layers, width or step.max_tokens, step.topk, step.accept, step.mtp, step.sample)
 
 
 def tree_arrays(parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +177,7 @@ class StepLayout:
 
     batch: entries B. tokens: rows N. tails: tail slots. mask: tree-mask elements
     (sum T_b^2; 0 for extend). width: T of the acceptance grid [B, width] (1 for extend).
-    kv: kv_indices capacity.
+    kv: kv_indices capacity. sampled: rows with sampling parameters (N for a sampled step, else 0).
     """
 
     batch: int
@@ -166,6 +186,7 @@ class StepLayout:
     mask: int
     width: int
     kv: int
+    sampled: int = 0
 
     @staticmethod
     def exact(step: StepBatch) -> "StepLayout":
@@ -173,7 +194,7 @@ class StepLayout:
         if step.kind == "extend":  # prefill accepts nothing: no grid, no tree mask (B T^2 bytes a chunk otherwise)
             return StepLayout(step.batch_size, step.num_tokens, tails, 0, 1, kv)
         return StepLayout(step.batch_size, step.num_tokens, tails, sum(e.num_tokens ** 2 for e in step.entries),
-                          step.max_tokens, kv)
+                          step.max_tokens, kv, step.num_tokens if step.sample else 0)
 
     def holds(self, step: StepBatch) -> bool:
         return self.covers(StepLayout.exact(step))
@@ -181,16 +202,18 @@ class StepLayout:
     def covers(self, need: "StepLayout") -> bool:
         """Whether every size of ``need`` fits this layout."""
         return (need.batch <= self.batch and need.tokens <= self.tokens and need.tails <= self.tails
-                and need.mask <= self.mask and need.width <= self.width and need.kv <= self.kv)
+                and need.mask <= self.mask and need.width <= self.width and need.kv <= self.kv
+                and need.sampled <= self.sampled)
 
-    def regions(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-        """(int64 fields, int32 fields, bool fields) -> element counts, in packing order."""
-        b, n, g = self.batch, self.tokens, self.batch * self.width
+    def regions(self) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]]:
+        """(int64 fields, int32 fields, float32 fields, bool fields) -> element counts, in packing order."""
+        b, n, g, s = self.batch, self.tokens, self.batch * self.width, self.sampled
         i64 = {"input_ids": n, "positions": n, "out_slots": n, "rows": b, "prefix_lens": b,
-               "grid_rows": g, "grid_parents": g, "grid_depth": g, "hidden_src": b}
+               "grid_rows": g, "grid_parents": g, "grid_depth": g, "hidden_src": b, "seed": s, "top_k": s}
         i32 = {"qo_indptr": b + 1, "kv_indptr": b + 1, "tail_indptr": b + 1, "tails": self.tails}
+        f32 = {"temperature": s, "top_p": s, "min_p": s}
         flags = {"tree_mask": self.mask, "grid_valid": g, "grid_anc": g * self.width}
-        return i64, i32, flags
+        return i64, i32, f32, flags
 
 
 def _words(n: int, per_word: int) -> int:
@@ -217,9 +240,9 @@ class PackedStep:
 
     @staticmethod
     def allocate(layout: StepLayout, pin: bool) -> "PackedStep":
-        i64, i32, flags = layout.regions()
+        i64, i32, f32, flags = layout.regions()
         offsets, words = {}, 0
-        for fields, per_word, dtype in ((i64, 1, "int64"), (i32, 2, "int32"), (flags, 8, "bool")):
+        for fields, per_word, dtype in ((i64, 1, "int64"), (i32, 2, "int32"), (f32, 2, "float32"), (flags, 8, "bool")):
             for name, count in fields.items():
                 offsets[name] = (words * 8, count, dtype)
                 words += _words(count, per_word)
@@ -268,7 +291,22 @@ class PackedStep:
         qo[b + 1 :], kv[b + 1 :], ti[b + 1 :] = qo[b], kv[b], ti[b]  # padded entries are empty
         tails = [x for e in entries for x in e.tail]
         a["tails"][: len(tails)] = tails
+        if lay.sampled:
+            self._fill_sampling(step, t_lens)
         self._fill_tree(step, t_lens)
+
+    def _fill_sampling(self, step: StepBatch, t_lens: list[int]) -> None:
+        """Each row's request's sampling parameters (greedy for an entry without any; padding
+        rows stay greedy: temperature 0). An unseeded sampled entry is refused: the engine gives
+        every sampled request a seed when it admits it."""
+        a, n = self.arrays, sum(t_lens)
+        params = [e.sampling for e in step.entries]
+        if any(p is not None and p.samples and p.seed is None for p in params):
+            raise ValueError("Expected a seed for every sampled entry (the engine draws one per request), got none")
+        greedy = (0.0, 1.0, 0, 0.0, 0)
+        values = [greedy if p is None else (p.temperature, p.top_p, p.top_k, p.min_p, p.seed or 0) for p in params]
+        for k, name in enumerate(("temperature", "top_p", "top_k", "min_p", "seed")):
+            a[name][:n] = np.repeat([v[k] for v in values], t_lens)
 
     def _fill_tree(self, step: StepBatch, t_lens: list[int]) -> None:
         w = self.layout.width

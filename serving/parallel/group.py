@@ -168,6 +168,15 @@ class TensorParallel:
             differ = [r for r in range(self.size) if digests[r] != digests[0]]
             raise LockstepError(f"the ranks diverged: ranks {differ} differ from rank 0 on {what}")
 
+    def same_int(self, value: int) -> int:
+        """Rank 0's ``value`` (an int64) on every rank: a choice one rank makes for all (a random
+        seed); one process: ``value``."""
+        if self.size == 1:
+            return value
+        x = torch.tensor([value if self.rank == 0 else 0], dtype=torch.int64, device=self.device)
+        dist.all_reduce(x, group=self.group)  # a sum to which only rank 0 contributes
+        return int(x[0])
+
     # ---- life cycle -----------------------------------------------------------------------
 
     def warm_up(self) -> None:

@@ -112,7 +112,7 @@ def build_engine(config: ServingConfig, model: DeepseekV3Model, pool: KVPool | N
         raise ValueError(f"Expected a pool of the model's {model.pool_layers} layers, got one of {pool.kv.shape[0]}")
     backend = build_backend(config, model, pool)
     drafter = build_drafter(config, model)
-    replay = CudaGraphs(drafter, tuple(config.graph_batch_sizes), config.capture_graphs) if config.cuda_graphs else None
+    replay = CudaGraphs(drafter, tuple(config.graph_batch_sizes), config.capture_graphs, config.sampling) if config.cuda_graphs else None
     if model.tp.size > 1:
         runner: ModelRunner = LockstepRunner(model, pool, backend, model.tp, replay)
     else:
@@ -120,5 +120,5 @@ def build_engine(config: ServingConfig, model: DeepseekV3Model, pool: KVPool | N
     defrag = None if config.defrag == "off" else Defragmenter(pool, config.defrag_policy, enabled=config.defrag == "on")
     engine = Engine(runner, drafter, prefill_chunk=config.prefill_chunk, eos_token_id=config.eos_token_ids,
                     record_margins=config.record_margins, profile=config.profile,
-                    between_steps=(() if defrag is None else (defrag,)) + tuple(hooks))
+                    between_steps=(() if defrag is None else (defrag,)) + tuple(hooks), seed=config.seed)
     return ServingStack(config, engine, defrag)

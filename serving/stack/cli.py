@@ -1,15 +1,20 @@
-"""``python -m serving generate``: greedy generation from a model folder or a seeded random model;
+"""``python -m serving generate``: greedy or sampled generation from a model folder or a seeded random model;
 ``python -m serving profile``: where a replayed decode step's time goes, against its streaming limit.
 
 Example::
 
     python -m serving generate --random-model tiny --prompt 1,2,3 --max-new-tokens 16 --speculate tree:4x4
+    python -m serving generate --random-model tiny --prompt 1,2,3 --temperature 0.7 --top-p 0.95 --speculate tree:2x2
     python -m serving generate --random-model gpu-h16 --random-prompt 131072 --max-new-tokens 64 --backend kernel
     python -m serving profile --random-model dsv3-tp8 --random-prompt 65536 --out prof.json
 
 ``generate`` prints the tokens, decode tokens/s, accepted drafts per step and attention's share
 of a step. Generation stops at the model's end-of-sequence ids (``generation_config.json`` or
-``config.json``, as transformers' ``generate``) unless ``--ignore-eos``.
+``config.json``, as transformers' ``generate``) unless ``--ignore-eos``. Sampling (``--temperature``,
+``--top-p``, ``--top-k``, ``--min-p``, ``--sampling-seed``; defaults from ``generation_config.json``,
+``serving.stack.sampling_flags``) keeps speculation lossless: the tokens follow the distribution
+plain sampling gives (``serving.speculation.rejection``). A prompt plus ``--max-new-tokens`` past
+the model's positions (``max_position_embeddings``) is refused unless ``--context-length`` allows it.
 ``profile`` decodes ``--batch-size`` requests of a ``--random-prompt``-token context (random
 latent rows, or ``--prefill``), times engine steps and the captured graph, traces a few steps
 with torch.profiler and prints the step against its streaming limit and the kernels by class
@@ -20,7 +25,10 @@ Under ``torchrun --nproc-per-node N`` the model runs tensor-parallel over N rank
 Exit codes: 0 when every request finished (profile: when the profile ran); 2 for a usage or
 input error (bad flag value, config, checkpoint, prompt, output path, or more memory than the
 device has), reported before anything is allocated; 1 when a request failed while running
-(e.g. the KV pool ran out). Each error is one ``error: ...`` line on stderr.
+(e.g. the KV pool ran out). Each error is one ``error: ...`` line on stderr. Under ``torchrun``
+the flags and ``--device`` are checked on every rank before it joins the process group, so a
+usage error is the same line and exit code 2 on each rank (torchrun's own exit code is 1 when
+any rank fails).
 """
 
 from __future__ import annotations
@@ -42,9 +50,11 @@ from serving.graphs import DEFAULT_BATCH_SIZES
 from serving.model.loading import check_memory, load_model, model_config
 from serving.model.presets import PRESETS
 from serving.parallel.group import TensorParallel, launched_by_torchrun
+from serving.sampling.params import SamplingParams
 from serving.speculation.drafters import check_drafter, parse_speculate
 from serving.speculation.tree import MAX_DRAFT_TOKENS, MAX_VERIFY_TOKENS
 from serving.stack import profile as step_profile
+from serving.stack import sampling_flags
 from serving.stack.build import build_engine
 from serving.stack.config import ServingConfig
 from serving.stack.prompts import check_prompts, load_tokenizer, parse_prompt
@@ -55,7 +65,7 @@ EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m serving")
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="greedy generation, optionally with tree speculation")
+    g = sub.add_parser("generate", help="greedy or sampled generation, optionally with tree speculation")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="Hugging Face folder: config.json + *.safetensors")
     src.add_argument("--random-model", choices=sorted(PRESETS), help="seeded random model preset")
@@ -68,7 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="model dtype (default bf16 on CUDA, fp32 on CPU)")
     g.add_argument("--pool-slots", type=int, default=None, help="KV pool slots (default: what the prompts need)")
     g.add_argument("--prefill-chunk", type=int, default=32768, help="prompt tokens per prefill forward")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="seed of the random model and the random prompts")
+    sampling_flags.add_flags(g)
+    g.add_argument("--context-length", type=int, default=None,
+                   help="the longest prompt plus --max-new-tokens a request may have (default: the model's "
+                        "max_position_embeddings; more runs past the positions the model was made for)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     g.add_argument("--eos-token-id", type=int, action="append", default=None,
                    help="stop a request after this token (repeat for several; default: the model folder's eos_token_id)")
@@ -129,6 +143,21 @@ def check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"Expected --seed in [0, 2**63), got {args.seed}")
     if args.ignore_eos and args.eos_token_id:
         raise ValueError("Expected either --eos-token-id or --ignore-eos, got both")
+    if args.context_length is not None and args.context_length < 2:
+        raise ValueError(f"Expected --context-length >= 2 (a prompt token and a new one), got {args.context_length}")
+    sampling_flags.check_flags(args)
+
+
+def check_context(args: argparse.Namespace, cfg: ModelConfig, lens: list[int]) -> None:
+    """ValueError unless every prompt plus ``--max-new-tokens`` fits the context length
+    (``--context-length``, else the model's ``max_position_embeddings``)."""
+    limit = args.context_length or cfg.max_position_embeddings
+    longest = max(lens)
+    if longest + args.max_new_tokens > limit:
+        source = "--context-length" if args.context_length else "the model's max_position_embeddings"
+        raise ValueError(f"Expected each prompt plus --max-new-tokens within the context length ({limit:,} tokens: {source}), "
+                         f"got a {longest:,}-token prompt + {args.max_new_tokens:,}; shorten the prompt, lower "
+                         "--max-new-tokens or raise --context-length to run past the model's positions")
 
 
 def engine_options(args: argparse.Namespace, device: torch.device) -> tuple[torch.dtype, str, bool]:
@@ -174,6 +203,7 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         raise ValueError("Expected at least one --prompt or --random-prompt, got none")
     drafter = parse_speculate(args.speculate)
     check_drafter(drafter, cfg)  # a drafter the model cannot serve: refused before loading it
+    sampling = sampling_flags.base_params(args, args.model)
     pool_dtype = torch.bfloat16 if backend_name == "kernel" and dtype == torch.float32 else dtype
     slots = args.pool_slots if args.pool_slots is not None else sum(n + args.max_new_tokens + 64 for n in lens) + 4096
     need = sum(lens) + len(lens) + 1
@@ -184,12 +214,13 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         cfg, device, dtype, tp, pool_dtype=pool_dtype, pool_slots=slots, prompt_lens=lens, max_new_tokens=args.max_new_tokens,
         prefill_chunk=args.prefill_chunk, draft_tokens=MAX_DRAFT_TOKENS if drafter else 0, random_weights=bool(args.random_model),
     )
+    check_context(args, cfg, lens)  # after the estimate: an absurd size is named by what it would allocate
     sizes = graph_batch_sizes(args.graph_batch_sizes, len(lens) * getattr(drafter, "width", 1))
     context = max(lens) + args.max_new_tokens + 2 * MAX_VERIFY_TOKENS
     config = ServingConfig(
         backend=backend_name, speculate=args.speculate, pool_slots=slots, pool_dtype=pool_dtype, max_requests=len(lens),
         max_context=min(context, slots), prefill_chunk=args.prefill_chunk, eos_token_ids=tuple(eos), profile=not graphs,
-        cuda_graphs=graphs, graph_batch_sizes=sizes, defrag="measure" if args.no_defrag else "on",
+        cuda_graphs=graphs, graph_batch_sizes=sizes, defrag="measure" if args.no_defrag else "on", sampling=sampling.samples,
     )  # every flag checked: nothing below is refused for a usage error before the model exists
     model = load_model(cfg, device, dtype, folder=args.model, preset=args.random_model, seed=args.seed, tp=tp)
     gen = torch.Generator().manual_seed(args.seed)
@@ -198,7 +229,8 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
     engine, pool, defrag = stack.engine, stack.pool, stack.defrag
     report = stack.capture_report
     warmup_s, graph_bytes = (report.seconds, report.total_bytes) if report is not None else (0.0, 0)
-    requests = [engine.add_request(p, args.max_new_tokens) for p in prompts]
+    per_request, seed = sampling_flags.request_params(sampling, len(prompts), args.sampling_seed, tp)
+    requests = [engine.add_request(p, args.max_new_tokens, params) for p, params in zip(prompts, per_request)]
     longest = max(len(p) for p in prompts)
     t0 = time.perf_counter()
     if longest > args.prefill_chunk and not args.json and (tp is None or tp.rank == 0):
@@ -221,6 +253,8 @@ def generate(args: argparse.Namespace, tp: TensorParallel | None = None) -> dict
         "backend": backend_name,
         "device": str(device),
         "eos_token_ids": list(eos),
+        "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                     "min_p": sampling.min_p, "seed": seed},
         "requests": [{"prompt_tokens": len(r.prompt), "output": r.output, "error": r.error,
                       "finish_reason": "error" if r.error else "eos" if r.output and r.output[-1] in eos else "length",
                       **({"text": tokenizer.decode(r.output)} if tokenizer is not None else {})}
@@ -361,9 +395,9 @@ def _error(message: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run ``generate`` or ``profile``; returns the exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    run, tokens, show = COMMANDS[args.command]
+    run, tokens, show, check = COMMANDS[args.command]
     try:
-        result = run_on_ranks(args, run, tokens) if launched_by_torchrun() else run(args)
+        result = run_on_ranks(args, run, tokens, check) if launched_by_torchrun() else run(args)
     except ValueError as exc:
         _error(exc)
         return EXIT_USAGE
@@ -397,8 +431,10 @@ def print_generate(args: argparse.Namespace, result: dict) -> int:
         share = "" if result["attention_share"] is None else f"attention {100 * result['attention_share']:.0f}% of a step, "
         graphs = (f", CUDA graphs captured in {result['warmup_s']:.1f} s ({result['graph_memory_mib']:.0f} MiB)"
                   if result["cuda_graphs"] else ", no CUDA graphs")
+        sampling = result["sampling"]
+        how = SamplingParams(**result["sampling"]).describe()
         print(
-            f"backend {result['backend']} on {result['device']}: decode {result['decode_tokens_per_s']:.1f} tokens/s over "
+            f"{how}, backend {result['backend']} on {result['device']}: decode {result['decode_tokens_per_s']:.1f} tokens/s over "
             f"{result['steps']} steps, {result['accepted_drafts_per_step']:.2f} accepted drafts per step "
             f"({result['tokens_per_step']:.2f} tokens per request step), "
             f"{share}prefill {result['prefill_tokens_per_s']:.0f} tokens/s{graphs}"
@@ -410,5 +446,7 @@ def print_generate(args: argparse.Namespace, result: dict) -> int:
     return EXIT_FAILED if failed else 0
 
 
-# command -> (what runs it, on each rank under torchrun; what the ranks must agree on; what prints it)
-COMMANDS = {"generate": (generate, generated_tokens, print_generate), "profile": (profile, profiled_tokens, print_profile)}
+# command -> (what runs it, on each rank under torchrun; what the ranks must agree on; what prints it; what
+# each rank checks before it joins the process group)
+COMMANDS = {"generate": (generate, generated_tokens, print_generate, check_options),
+            "profile": (profile, profiled_tokens, print_profile, check_profile_options)}

@@ -49,6 +49,10 @@ class ServingConfig:
     unpadded comparison path).
     defrag: "off", "measure" (fragmentation only) or "on" (compaction between steps), with
     ``defrag_policy`` (None: ``DefragPolicy()``).
+    sampling: the engine will serve sampled requests: with ``cuda_graphs``, the target's sampled
+    steps are captured too (without it a sampled step runs eagerly). Any engine samples the
+    requests that ask for it (``Request.sampling``); greedy ones decode as before.
+    seed: the seed source of sampled requests that bring no seed (None: the OS's randomness).
     """
 
     backend: str = "kernel"
@@ -67,6 +71,8 @@ class ServingConfig:
     pinned_tiles: tuple[int, int] | None = None
     defrag: str = "off"
     defrag_policy: DefragPolicy | None = field(default=None, compare=False)
+    sampling: bool = False
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

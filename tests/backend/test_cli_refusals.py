@@ -212,7 +212,7 @@ def test_an_allocation_failure_past_the_estimate_is_one_line_exit_1():
     code = ("import serving.model.limits as limits; limits.host_available_bytes = lambda: 64 << 30\n"
             "from serving.stack.cli import main\n"
             "raise SystemExit(main(['generate', '--random-model', 'tiny', '--random-prompt', '3000000', '--prefill-chunk', '16', "
-            "'--device', 'cpu']))")
+            "'--context-length', '3000032', '--device', 'cpu']))")
     result = run_python(code, data_limit=1 << 30, timeout=60)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert_one_error_line(result.stderr, "out of memory while running (the estimate missed it): ")

@@ -145,7 +145,7 @@ def test_estimate_bounds_the_measured_peak(n):
     child's peak RSS over a one-token run stays under the estimate, and the estimate is not wildly
     pessimistic (nothing grows with queries x keys: a chunk once packed 2 T^2 bytes)."""
     small = run_serving("--random-model", "tiny", "--prompt", "1", "--max-new-tokens", 2, "--json")
-    long = run_serving("--random-model", "tiny", "--random-prompt", n, "--max-new-tokens", 2, "--json")
+    long = run_serving("--random-model", "tiny", "--random-prompt", n, "--max-new-tokens", 2, "--context-length", n + 2, "--json")
     assert small.returncode == 0 and long.returncode == 0, long.stderr
     fp = estimate(preset_config("tiny"), "cpu", torch.float32, pool_slots=n + 2 + 64 + 4096, prompt_lens=[n], max_new_tokens=2,
                   random_weights=True)

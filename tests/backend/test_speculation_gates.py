@@ -132,3 +132,22 @@ def test_accept_all_measure_keeps_the_set_acceptance_and_plain_tokens():
     assert m["mtp_all_tokens_per_step_64"] > 3.5  # 4 a step but for the cut last one
     assert 2.2 <= m["mtp_1.5_tokens_per_step_64"] <= 2.8
     assert m["mtp_0_tokens_per_step_64"] == 1.0
+
+
+
+def test_benchmark_reports_sampled_rows_beside_greedy_and_keeps_the_headline_greedy(monkeypatch):
+    """Sampled rows (temperature 0.7, top-p 0.95) of plain, n-gram and both MTP modes, generated
+    for real (greedy rows faked to keep the profile short): reported, with ratios over sampled
+    plain; the headline stays the greedy one."""
+    speeds = {"plain": 100.0, "ngram": 150.0, "mtp_chain": 200.0, "mtp_tree": 300.0}
+    monkeypatch.setattr(speculation, "measure", lambda engine, prompts, new, what: (speeds[what.split(" at ")[0]], 2.0))
+    modes = {"plain": None, "ngram": "ngram:2x2", "mtp_chain": "mtp:1x2", "mtp_tree": "mtp:2x2"}
+    m = speculation.run(tiny=True, contexts=[40], batch_sizes=[1], max_new_tokens=3, samples=6, device="cpu", modes=modes,
+                        sampled_modes=speculation.SAMPLED_ROW_MODES)
+    for mode in modes:
+        assert m[f"sampled_{mode}_40_b1_tok_s"] > 0 and 1 <= m[f"sampled_{mode}_40_b1_tokens_per_step"] <= 3
+        if mode != "plain":
+            assert m[f"sampled_{mode}_40_b1_ratio"] == m[f"sampled_{mode}_40_b1_tok_s"] / m["sampled_plain_40_b1_tok_s"]
+    assert "sampled_plain_40_b1_ratio" not in m
+    assert m["mtp_best_mode"] == "mtp_tree" and m["mtp_best_ratio_b1"] == [3.0] * 6  # greedy, as before
+    assert speculation.SAMPLED.temperature == 0.7 and speculation.SAMPLED.top_p == 0.95
