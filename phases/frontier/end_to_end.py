@@ -154,14 +154,15 @@ def run(
         step_profile.release(engine, requests)
     metrics["leaked_slots"] = pool.leaked_slots()  # every request released: any slot still taken leaked
     if gatekit:
-        gatekit.write_artifact("end_to_end_profile.md", profile_report(rows, preset))
+        gatekit.write_artifact("end_to_end_profile.md",
+                              profile_report(rows, f"Decode steps of `{preset}` against the streaming limit"))
         gatekit.write_artifact("end_to_end.md", metrics_table(metrics))
     return metrics
 
 
-def profile_report(rows: list[tuple[str, dict]], preset: str) -> str:
-    """The profiler's tables of every decode row, as one Markdown document."""
-    parts = [f"# Decode steps of `{preset}` against the streaming limit\n"]
+def profile_report(rows: list[tuple[str, dict]], heading: str) -> str:
+    """The profiler's tables of every decode row, as one Markdown document under ``heading``."""
+    parts = [f"# {heading}\n"]
     for name, row in rows:
         parts.append(step_profile.markdown(row, title=f"{name}: B={row['batch']}, {row['context']} cached rows"))
         parts.append(step_profile.top_kernels_markdown(row))

@@ -41,7 +41,7 @@ import torch
 
 from phases.common.engines import main_with_json_args, make_engine, metrics_table
 from phases.common.samples import SAMPLES, check_count, round_order
-from phases.frontier.end_to_end import context_label, row_metrics
+from phases.frontier.end_to_end import context_label, profile_report, row_metrics
 from serving.device.select import DTYPES, pick_device
 from serving.model.presets import random_model
 from serving.stack import profile as step_profile
@@ -118,18 +118,10 @@ def run(
         leaked += engine.pool.leaked_slots()
     metrics["leaked_slots"] = leaked
     if gatekit:
-        gatekit.write_artifact("end_to_end_fp8_profile.md", profile_report(rows))
+        gatekit.write_artifact("end_to_end_fp8_profile.md",
+                              profile_report(rows, "FP8 and bf16 decode steps against their streaming limits"))
         gatekit.write_artifact("end_to_end_fp8.md", metrics_table(metrics))
     return metrics
-
-
-def profile_report(rows: list[tuple[str, dict]]) -> str:
-    """The profiler's tables of both sides, as one Markdown document."""
-    parts = ["# FP8 and bf16 decode steps against their streaming limits\n"]
-    for name, row in rows:
-        parts.append(step_profile.markdown(row, title=f"{name}: B={row['batch']}, {row['context']} cached rows"))
-        parts.append(step_profile.top_kernels_markdown(row))
-    return "\n".join(parts)
 
 
 def main() -> None:
