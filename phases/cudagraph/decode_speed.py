@@ -17,7 +17,11 @@ three engines (reference, kernel eager, kernel with graphs) each hold their own 
 every round times ``steps`` steps of each, the order alternating round by round, so a drift of
 the host or the GPU hits every side of a ratio alike. The ratios, ``decode_speedup_*`` and
 ``attention_share_*``, are reported as samples (one per round: the runner judges a threshold on
-the interval of their median); tokens/s and step times are the medians over the rounds. Verify
+the interval of their median); tokens/s and step times are the medians over the rounds. On
+CUDA each round also replays the kernel step's graph alone: ``device_share_*`` (the device's
+part of a replayed step; the rest is the host's, the device idle) and ``decode_speedup_device_*``
+(the reference's step over that device part: the ratio with no host time), both informative,
+one sample per round. Verify
 steps are timed once per engine (median of ``steps`` after ``warmup``). The model is bf16 (pool
 too), as served. Metrics are named by context (4096 -> ``4k``, 131072 -> ``128k``, 185000 ->
 ``185k``) with ``_b8`` for the batch of 8: ``decode_speedup_128k`` (kernel over reference
@@ -111,16 +115,36 @@ def time_steps(engine, requests, warmup: int, steps: int) -> tuple[float, float]
 ENGINES = (("reference", "reference", False), ("kernel_eager", "kernel", False), ("kernel", "kernel", True))
 
 
-def measure_round(engine, requests, steps: int, captured: bool) -> tuple[float, float]:
-    """One round of ``steps`` timed steps: (median step seconds, attention's share of a step)."""
+def device_seconds(engine, reps: int = 20) -> float:
+    """The device's part of a captured step: the last replayed step's graph replayed alone (its
+    inputs in place; replaying rewrites the same rows), median CUDA-event seconds. The step's
+    time beyond it is the host's, with the device idle."""
+    graphs = engine.runner.graphs
+    graph = graphs.graphs[graphs.last_key].graph
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def measure_round(engine, requests, steps: int, captured: bool) -> tuple[float, float, float | None]:
+    """One round of ``steps`` timed steps: (median step seconds, attention's share of a step,
+    the device's part of a step in seconds: captured steps only, else None)."""
     step_s, share = time_steps(engine, requests, 0, steps)
-    return step_s, attention_share(engine, step_s) if captured else share
+    if not captured:
+        return step_s, share, None
+    return step_s, attention_share(engine, step_s), device_seconds(engine)
 
 
-def timed_rounds(runs: dict, warmup: int, steps: int, samples: int) -> dict[str, list[tuple[float, float]]]:
+def timed_rounds(runs: dict, warmup: int, steps: int, samples: int) -> dict[str, list[tuple[float, float, float | None]]]:
     """``runs``: name -> (engine, its requests, captured). Warm-up steps on every engine first,
     then ``samples`` interleaved rounds (``phases.common.samples.interleaved``); each engine's
-    (median step seconds, attention share) per round."""
+    ``measure_round`` per round."""
     for engine, requests, _ in runs.values():
         for _ in range(warmup):
             engine.step(requests)
@@ -191,12 +215,16 @@ def run(
                 for r in reqs:
                     pool.release_request(r.req_id)
             del runs
-            step_s = {name: [s for s, _ in rounds[name]] for name in rounds}
+            step_s = {name: [s for s, _, _ in rounds[name]] for name in rounds}
             for name in rounds:
                 metrics[f"decode_tps_{name}_{tag}"] = batch / median(step_s[name])
                 metrics[f"decode_step_ms_{name}_{tag}"] = median(step_s[name]) * 1e3
                 share = f"attention_share_{tag}" if name == "kernel" else f"attention_share_{name}_{tag}"
-                metrics[share] = [sh for _, sh in rounds[name]]
+                metrics[share] = [sh for _, sh, _ in rounds[name]]
+            device_s = [d for _, _, d in rounds["kernel"]]
+            if all(d is not None for d in device_s):  # captured (CUDA): what the host adds to a step
+                metrics[f"device_share_{tag}"] = [d / s for d, s in zip(device_s, step_s["kernel"])]
+                metrics[f"decode_speedup_device_{tag}"] = ratios(step_s["reference"], device_s)
             for name, backend, graphs in ENGINES:  # verify latency, one engine at a time
                 engine, captured = engine_for(backend, graphs, batch, drafter)
                 reqs = start(engine, batch)

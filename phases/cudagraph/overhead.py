@@ -105,7 +105,7 @@ def run(
         for _, reqs, _ in runs.values():
             pool.release_request(reqs[0].req_id)
         del runs
-        eager_s, graph_s = ([s for s, _ in rounds[name]] for name in ("eager", "graph"))
+        eager_s, graph_s = ([s for s, *_ in rounds[name]] for name in ("eager", "graph"))
         tag = label(context)
         metrics[f"eager_step_ms_{tag}"] = median(eager_s) * 1e3
         metrics[f"graph_step_ms_{tag}"] = median(graph_s) * 1e3

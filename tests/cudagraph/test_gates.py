@@ -44,6 +44,7 @@ def test_decode_speed_plumbing_on_cpu_reports_its_ratios_as_one_sample_per_round
     speedup = assert_samples(m, "decode_speedup_0k", 7)
     assert_samples(m, "decode_speedup_eager_0k", 7)
     assert all(share <= 1 for share in assert_samples(m, "attention_share_0k", 7))
+    assert "device_share_0k" not in m and "decode_speedup_device_0k" not in m  # no graph to replay alone on a CPU
     # tokens/s are medians over the rounds (an odd count: some round's ratio is on either side)
     assert min(speedup) <= m["decode_tps_kernel_0k"] / m["decode_tps_reference_0k"] <= max(speedup)
 
@@ -89,6 +90,11 @@ def test_sampled_benchmark_gates_small_gpu_profiles():
     assert_samples(m, "replay_speedup_4k", 6)
     assert_samples(m, "replay_slowdown_4k", 6, low=-1.0)
     d = decode_speed.run(contexts=[4096], batch_sizes=[1], steps=3, samples=6)
-    assert_samples(d, "decode_speedup_4k", 6)
+    speedup = assert_samples(d, "decode_speedup_4k", 6)
     assert all(share <= 1 for share in assert_samples(d, "attention_share_4k", 6))
+    # the graph alone is the device's part of a step: at most the step, so its ratio is at least the step's
+    device_share = assert_samples(d, "device_share_4k", 6)
+    assert all(share <= 1.05 for share in device_share), device_share
+    device_speedup = assert_samples(d, "decode_speedup_device_4k", 6)
+    assert all(dev >= 0.95 * step for dev, step in zip(device_speedup, speedup)), (device_speedup, speedup)
     assert d["leaked_slots"] == 0
