@@ -138,15 +138,21 @@ def test_daemon_in_a_new_session_is_ended_and_reported(repo, tmp_path):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def test_children_the_runner_had_before_the_gate_are_left_alone(repo):
+def test_children_the_runner_had_before_the_gate_are_left_alone(repo, tmp_path):
     own = subprocess.Popen(["sleep", "30"])
+    # The gate exits only once its child is in a new session (it writes its pid after setsid), so
+    # the runner always finds it outside the group, however loaded the machine.
+    pid_file = tmp_path / "escaped.pid"
+    run = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 600' & while [ ! -s {pid_file} ]; do sleep 0.01; done"
     try:
-        res = go(make_gate(run="setsid sleep 600 & true"), repo)
+        res = go(make_gate(run=run), repo)
         assert "outside its process group" in res.reason
         assert own.poll() is None  # still running
     finally:
         own.kill()
         own.wait()
+        if pid_file.exists() and pid_alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def test_plain_background_child_is_ended_with_the_gate(repo, tmp_path):
