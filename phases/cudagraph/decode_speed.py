@@ -55,7 +55,7 @@ from phases.common.samples import (
     ratios,
     rounded,
 )
-from phases.common.timing import attention_share
+from phases.common.timing import attention_share, device_seconds
 from serving.device.select import DTYPES, pick_device
 from serving.model.presets import random_model
 from serving.speculation.tree import DraftTree
@@ -113,23 +113,6 @@ def time_steps(engine, requests, warmup: int, steps: int) -> tuple[float, float]
 
 # (metric name, attention backend, replayed from CUDA graphs): the engines a decode round times.
 ENGINES = (("reference", "reference", False), ("kernel_eager", "kernel", False), ("kernel", "kernel", True))
-
-
-def device_seconds(engine, reps: int = 20) -> float:
-    """The device's part of a captured step: the last replayed step's graph replayed alone (its
-    inputs in place; replaying rewrites the same rows), median CUDA-event seconds. The step's
-    time beyond it is the host's, with the device idle."""
-    graphs = engine.runner.graphs
-    graph = graphs.graphs[graphs.last_key].graph
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def measure_round(engine, requests, steps: int, captured: bool) -> tuple[float, float, float | None]:
