@@ -94,6 +94,7 @@ class SamplingParams:
 
 GREEDY = SamplingParams()
 
+
 def generation_defaults(folder: str | Path) -> dict:
     """The sampling defaults of a model folder's ``generation_config.json`` (see the module
     docstring): a dict of some of ``temperature``, ``top_p``, ``top_k``, ``min_p``; empty without

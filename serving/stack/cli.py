@@ -431,7 +431,6 @@ def print_generate(args: argparse.Namespace, result: dict) -> int:
         share = "" if result["attention_share"] is None else f"attention {100 * result['attention_share']:.0f}% of a step, "
         graphs = (f", CUDA graphs captured in {result['warmup_s']:.1f} s ({result['graph_memory_mib']:.0f} MiB)"
                   if result["cuda_graphs"] else ", no CUDA graphs")
-        sampling = result["sampling"]
         how = SamplingParams(**result["sampling"]).describe()
         print(
             f"{how}, backend {result['backend']} on {result['device']}: decode {result['decode_tokens_per_s']:.1f} tokens/s over "

@@ -134,7 +134,6 @@ def test_accept_all_measure_keeps_the_set_acceptance_and_plain_tokens():
     assert m["mtp_0_tokens_per_step_64"] == 1.0
 
 
-
 def test_benchmark_reports_sampled_rows_beside_greedy_and_keeps_the_headline_greedy(monkeypatch):
     """Sampled rows (temperature 0.7, top-p 0.95) of plain, n-gram and both MTP modes, generated
     for real (greedy rows faked to keep the profile short): reported, with ratios over sampled
