@@ -6,9 +6,14 @@ import statistics
 
 import torch
 
+from serving.stack.profile import time_replay
 
-def replay_seconds(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
-    """Median CUDA-event seconds of ``graph.replay()`` over ``reps`` replays."""
+
+def attention_share(engine, step_s: float, reps: int = 20) -> float:
+    """Attention's share of a captured step: a graph of the last replayed step's attention calls
+    (same plan, pool and slots) timed against the step's ``step_s`` seconds."""
+    graphs = engine.runner.graphs
+    graph = graphs.attention_graph(graphs.last_key, engine.model.num_layers)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -17,19 +22,11 @@ def replay_seconds(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
-def attention_share(engine, step_s: float, reps: int = 20) -> float:
-    """Attention's share of a captured step: a graph of the last replayed step's attention calls
-    (same plan, pool and slots) timed against the step's ``step_s`` seconds."""
-    graphs = engine.runner.graphs
-    return replay_seconds(graphs.attention_graph(graphs.last_key, engine.model.num_layers), reps) / step_s
+    return statistics.median(times) / step_s
 
 
 def device_seconds(engine, reps: int = 20) -> float:
-    """The device's part of a captured step: the last replayed step's graph replayed alone (its
-    inputs in place; replaying rewrites the same rows), median seconds. The step's time beyond
-    it is the host's, with the device idle."""
-    graphs = engine.runner.graphs
-    return replay_seconds(graphs.graphs[graphs.last_key].graph, reps)
+    """The device's part of a captured step: the last replayed step's graph replayed alone
+    (``serving.stack.profile.time_replay``), median seconds. The step's time beyond it is the
+    host's, with the device idle."""
+    return statistics.median(time_replay(engine, reps))

@@ -32,20 +32,7 @@ from phases.common.engines import SharedContext, make_engine
 from phases.cudagraph.decode_speed import label
 from serving.device.select import DTYPES
 from serving.model.presets import random_model
-
-
-def event_ms(fn, n: int) -> float:
-    """Median CUDA-event milliseconds of ``fn()`` over ``n`` calls, the device idle before each."""
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from serving.stack.profile import time_replay, time_steps
 
 
 def launch_us(graph: torch.cuda.CUDAGraph, n: int) -> float:
@@ -87,11 +74,11 @@ def split(preset: str, context: int, steps: int, seed: int = 0) -> dict:
     graphs = engine.runner.graphs
     graph = graphs.graphs[graphs.last_key].graph
     row = {
-        "step_ms": event_ms(lambda: engine.step([requests["kernel"]]), steps),
-        "replay_ms": event_ms(graph.replay, steps),
+        "step_ms": statistics.median(time_steps(engine, [requests["kernel"]], steps)) * 1e3,
+        "replay_ms": statistics.median(time_replay(engine, steps)) * 1e3,
         "launch_us": launch_us(graph, steps),
         "kernels": kernels_per_replay(graph),
-        "ref_step_ms": event_ms(lambda: reference.step([requests["reference"]]), steps),
+        "ref_step_ms": statistics.median(time_steps(reference, [requests["reference"]], steps)) * 1e3,
     }
     row["host_ms"] = row["step_ms"] - row["replay_ms"]
     row["ratio"] = row["ref_step_ms"] / row["step_ms"]
