@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from kernel import hopper
+from kernel.device_plan import plan_uniform_on_device
 from kernel.plan import (
     HeadDims,
     MLAVerifyPlan,
@@ -299,6 +300,39 @@ class MLAVerifyWrapper:
     def planned(self) -> MLAVerifyPlan | None:
         """The plan the next ``run`` launches (None before the first ``plan``)."""
         return self._plan
+
+    @property
+    def plans_on_device(self) -> bool:
+        """Whether ``plan_on_device`` stands for ``plan`` on every batch this graph workspace holds:
+        a host plan has pinned the path and tiles, and ``plan`` would split uniformly (the Triton
+        path always; the Hopper path for one request, the workspace's bound here)."""
+        return (self.use_cuda_graph and self._plan is not None and self._plan.kv_contig is None
+                and (self.path == "triton" or self._workspace.layout.max_batch == 1))
+
+    def plan_on_device(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> None:
+        """``plan`` for the lengths in the device indptrs (int32 [B + 1], B at most the workspace's
+        batch; empty entries past the real ones allowed), made on the device into the workspace's
+        metadata: no host sync, so a CUDA graph captures it and re-plans on every replay
+        (``kernel.device_plan``). ValueError unless ``plans_on_device``. The lengths are trusted
+        (``plan`` checks them on the host): the caller keeps them within the workspace's bounds."""
+        if not self.plans_on_device:
+            raise ValueError("Expected a CUDA-graph wrapper planned once on the host with a uniform split "
+                             f"(Triton path, or Hopper path for one request), got path {self.path!r}, "
+                             f"use_cuda_graph={self.use_cuda_graph}")
+        plan_uniform_on_device(qo_indptr, kv_indptr, self._workspace.metadata, self._workspace.layout,
+                               self._plan.num_heads, self._plan.config)
+
+    def device_plan_matches(self, qo_lens: list[int], kv_lens: list[int]) -> bool:
+        """Whether the workspace's metadata holds, bit for bit, what ``plan`` makes for these
+        lengths (the check of a ``plan_on_device``; reads the metadata back: a device sync)."""
+        if not self.plans_on_device:
+            return False
+        planned = self._plan
+        check_lengths(list(qo_lens), list(kv_lens))
+        want = plan_work(list(qo_lens), list(kv_lens), planned.num_heads, planned.dims, planned.config, schedule="uniform")
+        layout = self._workspace.layout
+        got = self._workspace.metadata[: layout.numel].cpu().numpy()
+        return layout.holds(want) and bool((got == layout.pack(want)).all())
 
     def allocate_workspace(
         self,

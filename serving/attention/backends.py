@@ -64,6 +64,10 @@ class AttentionBackend:
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Per-step metadata for every layer; the base needs none."""
 
+    def init_forward_metadata_in_step(self, batch: ForwardBatch) -> None:
+        """Per-step metadata made on the device inside the step, before its first layer (so a
+        CUDA graph captures it); the base, and every eager step, need none."""
+
     def warmup(self, max_tokens: int) -> tuple[float, str | None]:
         """Compile what a step of up to ``max_tokens`` tokens per request can launch, before the
         first request: (seconds, None) or (seconds, why it failed). The base compiles nothing."""
@@ -170,7 +174,9 @@ class KernelBackend(AttentionBackend):
             self.wrapper = self._graph_wrapper(*pinned_tiles)
         self._graph_wrappers: dict = {}
         self._graph_workspaces: dict = {}
+        self._device_planned: set = set()  # keys whose graphs plan their own attention (kernel.device_plan)
         self._active = None  # the wrapper the step's layers run
+        self._plans_in_step = False  # the active wrapper is planned inside the step, on the device
 
     def _plan(self, wrapper: MLAVerifyWrapper, batch: ForwardBatch) -> None:
         # The host copies: plan() reads the lengths with .tolist(), a device sync on the device tensors.
@@ -198,13 +204,18 @@ class KernelBackend(AttentionBackend):
         return time.perf_counter() - t0, None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        self._active = None
+        self._active, self._plans_in_step = None, False
         if batch.mode in ("decode", "verify"):
             self._plan(self.wrapper, batch)
+
+    def init_forward_metadata_in_step(self, batch: ForwardBatch) -> None:
+        if self._plans_in_step:
+            self._active.plan_on_device(batch.qo_indptr, batch.kv_indptr)
 
     def init_cuda_graph_state(self, max_batch: int, max_tokens: int) -> None:
         self._graph_wrappers.clear()
         self._graph_workspaces.clear()
+        self._device_planned.clear()
 
     def _graph_wrapper(self, batch_size: int, max_draft: int) -> MLAVerifyWrapper:
         workspace = MLAVerifyWrapper(self.device).allocate_workspace(
@@ -216,10 +227,32 @@ class KernelBackend(AttentionBackend):
     def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch) -> None:
         wrapper = self._graph_wrapper(batch_size, max_draft)
         self._graph_wrappers[key], self._graph_workspaces[key] = wrapper, wrapper.workspace
-        self._plan(wrapper, batch)
+        self._plan(wrapper, batch)  # pins the path and tiles the graph's kernels are captured with
+        if wrapper.plans_on_device:
+            self._device_planned.add(key)
+        self._plans_in_step = key in self._device_planned
 
     def init_forward_metadata_replay_cuda_graph(self, key, batch: ForwardBatch) -> None:
-        self._plan(self._graph_wrappers[key], batch)
+        if key in self._device_planned:  # the graph plans its own attention: nothing on the host
+            self._active, self._plans_in_step = self._graph_wrappers[key], True
+        else:
+            self._plan(self._graph_wrappers[key], batch)
+            self._plans_in_step = False
+
+    def plans_on_device(self, key) -> bool:
+        """Whether ``key``'s graph plans its attention itself (on the device, every replay)."""
+        return key in self._device_planned
+
+    def plan_matches(self, qo_lens: list[int], kv_lens: list[int]) -> bool:
+        """Whether the plan the step's layers run is the one made for these lengths: the host plan's
+        lengths, or for a graph that plans on the device its metadata read back (a device sync)
+        against the host's plan of the lengths, bit for bit."""
+        if self._active is None:
+            return False
+        if not self._plans_in_step:
+            planned = self._active.planned
+            return planned is not None and (planned.qo_lens, planned.kv_lens) == (list(qo_lens), list(kv_lens))
+        return self._active.device_plan_matches(qo_lens, kv_lens)
 
     @property
     def active_plan(self):

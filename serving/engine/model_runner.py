@@ -210,6 +210,7 @@ class ModelRunner:
         f = batch.fields
         if self.device.type == "cuda":
             self._build_kv_indices(batch)
+        self.backend.init_forward_metadata_in_step(batch)  # a graph that plans its own attention
         if shape.mtp == "chain":
             return pack_outputs(self._mtp_chain(batch, shape.width))
         if shape.mtp == "after":

@@ -15,7 +15,17 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TINY_GREEDY = dict(prompts=2, max_new_tokens=4, contexts=[8, 24], preset="tiny", speculate="tree:2x2")
 
 
-def test_replay_gate_cpu_profile_passes():
+def host_planned_replays(monkeypatch) -> None:
+    """Every graph re-planned on the host before its replay, none planning on the device."""
+    from kernel import MLAVerifyWrapper
+
+    monkeypatch.setattr(MLAVerifyWrapper, "plans_on_device", property(lambda self: False))
+
+
+@pytest.mark.parametrize("planning", ["device", "host"])
+def test_replay_gate_cpu_profile_passes(monkeypatch, planning):
+    if planning == "host":
+        host_planned_replays(monkeypatch)
     m = replay.run(batch_sizes=[1, 2], rounds=2, preset="tiny", max_context=200, pool_slots=3000, greedy=TINY_GREEDY,
                    device="cpu")
     assert m["uncaptured_batch_sizes"] == 0 and m["replays_checked"] == 2 * 2 * 2
@@ -24,12 +34,28 @@ def test_replay_gate_cpu_profile_passes():
         assert m[key] == 0, key
 
 
-def test_replay_gate_catches_a_stale_plan(monkeypatch):
-    """A replay that keeps the capture-time plan instead of re-planning the new lengths."""
+@pytest.mark.parametrize("planted", ["host keeps the capture plan", "graph plans nothing", "graph plans a key short"])
+def test_replay_gate_catches_a_stale_plan(monkeypatch, planted):
+    """A replay that runs the capture-time plan, or a plan of other lengths, instead of one made
+    for the new lengths: on the host, or inside the graph (``kernel.device_plan``)."""
+    from kernel import MLAVerifyWrapper
     from serving.attention.backends import KernelBackend
 
-    monkeypatch.setattr(KernelBackend, "init_forward_metadata_replay_cuda_graph",
-                        lambda self, key, batch: setattr(self, "_active", self._graph_wrappers[key]))
+    if planted == "host keeps the capture plan":
+        host_planned_replays(monkeypatch)
+        monkeypatch.setattr(KernelBackend, "init_forward_metadata_replay_cuda_graph",
+                            lambda self, key, batch: setattr(self, "_active", self._graph_wrappers[key]))
+    elif planted == "graph plans nothing":
+        monkeypatch.setattr(KernelBackend, "init_forward_metadata_in_step", lambda self, batch: None)
+    else:
+        original = MLAVerifyWrapper.plan_on_device
+
+        def short(self, qo_indptr, kv_indptr):
+            cut = kv_indptr.clone()
+            cut[1:] -= 1  # the first request one key short, the others as long as they are
+            original(self, qo_indptr, cut)
+
+        monkeypatch.setattr(MLAVerifyWrapper, "plan_on_device", short)
     m = replay.run(batch_sizes=[2], rounds=2, preset="tiny", max_context=200, pool_slots=3000,
                    greedy=dict(TINY_GREEDY, prompts=1, contexts=[8]), device="cpu")
     assert m["stale_plans"] > 0 and m["unpadded_mismatches"] > 0

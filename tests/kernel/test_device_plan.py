@@ -1,0 +1,109 @@
+"""The uniform split planned on the device (``kernel.device_plan``) is the host's plan, bit for bit.
+
+CPU: Triton's interpreter; on a GPU the same checks run on the device."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel import MLAVerifyWrapper
+from kernel.device_plan import plan_uniform_on_device
+from kernel.plan import (
+    HeadDims,
+    PlanLayout,
+    TileConfig,
+    max_row_blocks,
+    max_work_items,
+    plan_work,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DIMS = HeadDims.of(576, 512)
+CONFIGS = [
+    TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, target_programs=132, keys_as_m=True),  # Hopper, H=16
+    TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, target_programs=132),
+    TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, target_programs=4, min_chunk=16),  # interpreter
+    TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, target_programs=7, min_chunk=64),
+]
+POISON = -7
+
+
+@st.composite
+def bucket_steps(draw):
+    """A bucket (batch size, widest entry) and a step it holds: fewer entries than the bucket
+    (the rest padding), lengths from a few keys to 300k."""
+    bucket = draw(st.sampled_from([1, 2, 3, 8, 16]))
+    width = draw(st.sampled_from([1, 4, 8, 16]))
+    batch = draw(st.integers(1, bucket))
+    drafts = draw(st.lists(st.integers(1, width), min_size=batch, max_size=batch))
+    lengths = [t + draw(st.one_of(st.integers(0, 70), st.integers(0, 300_000))) for t in drafts]
+    return bucket, width, drafts, lengths, draw(st.sampled_from([1, 16, 128])), draw(st.sampled_from(CONFIGS))
+
+
+def padded_indptrs(lengths: list[int], bucket: int) -> torch.Tensor:
+    """int32 [bucket + 1]: exclusive sums of ``lengths``, the entries past them empty."""
+    out = np.zeros(bucket + 1, dtype=np.int32)
+    out[1 : len(lengths) + 1] = np.cumsum(lengths)
+    out[len(lengths) + 1 :] = out[len(lengths)]
+    return torch.from_numpy(out).to(DEVICE)
+
+
+def device_plan(drafts, lengths, heads, config, layout, bucket) -> np.ndarray:
+    """The device's metadata (poisoned first, with poisoned elements past the layout)."""
+    meta = torch.full((layout.numel + 9,), POISON, dtype=torch.int32, device=DEVICE)
+    plan_uniform_on_device(padded_indptrs(drafts, bucket), padded_indptrs(lengths, bucket), meta, layout, heads, config)
+    out = meta.cpu().numpy()
+    assert (out[layout.numel :] == POISON).all(), "wrote past the layout"
+    return out[: layout.numel]
+
+
+@settings(max_examples=60, deadline=None)
+@given(bucket_steps())
+def test_device_plan_is_the_host_plan_bit_for_bit(step):
+    bucket, width, drafts, lengths, heads, config = step
+    layout = PlanLayout(bucket, max_work_items(bucket, width, heads, config), max_row_blocks(bucket, width, heads, config))
+    want = layout.pack(plan_work(drafts, lengths, heads, DIMS, config, schedule="uniform"))
+    got = device_plan(drafts, lengths, heads, config, layout, bucket)
+    offsets = layout.offsets()
+    wrong = [name for name, size in layout.sizes().items()
+             if not np.array_equal(got[offsets[name] : offsets[name] + size], want[offsets[name] : offsets[name] + size])]
+    assert not wrong, f"fields differ: {wrong}"
+
+
+def test_device_plan_of_other_lengths_differs():
+    """The comparison can fail: one key fewer moves the last split's end."""
+    config, layout = CONFIGS[0], PlanLayout(1, max_work_items(1, 1, 16, CONFIGS[0]), max_row_blocks(1, 1, 16, CONFIGS[0]))
+    want = layout.pack(plan_work([1], [131_073], 16, DIMS, config, schedule="uniform"))
+    assert not np.array_equal(device_plan([1], [131_072], 16, config, layout, 1), want)
+
+
+def test_device_plan_refuses_what_it_cannot_write():
+    layout = PlanLayout(2, 16, 4)
+    meta = torch.zeros(layout.numel, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="at most the layout's 2 requests"):
+        plan_uniform_on_device(padded_indptrs([1, 1, 1], 3), padded_indptrs([5, 5, 5], 3), meta, layout, 16, CONFIGS[2])
+    with pytest.raises(ValueError, match="int32"):
+        plan_uniform_on_device(padded_indptrs([1], 1).long(), padded_indptrs([5], 1), meta, layout, 16, CONFIGS[2])
+    with pytest.raises(ValueError, match="at least"):
+        plan_uniform_on_device(padded_indptrs([1], 1), padded_indptrs([5], 1), meta[:8], layout, 16, CONFIGS[2])
+
+
+def test_wrapper_plans_on_device_only_where_its_host_plan_is_uniform():
+    """A graph wrapper plans on the device once a host plan pinned its path, and its device plan
+    then matches the host's for new lengths; an eager wrapper refuses."""
+    eager = MLAVerifyWrapper(torch.device(DEVICE))
+    qo, kv = padded_indptrs([1], 1), padded_indptrs([300], 1)
+    eager.plan(qo.cpu(), kv.cpu(), 16)
+    assert not eager.plans_on_device
+    with pytest.raises(ValueError, match="planned once on the host"):
+        eager.plan_on_device(qo, kv)
+    workspace = MLAVerifyWrapper(torch.device(DEVICE)).allocate_workspace(max_batch=1, max_draft=4, num_heads=16,
+                                                                          use_cuda_graph=True)
+    graph = MLAVerifyWrapper(torch.device(DEVICE), workspace=workspace, use_cuda_graph=True)
+    assert not graph.plans_on_device  # no host plan yet: path and tiles unknown
+    graph.plan(qo.cpu(), kv.cpu(), 16)
+    assert graph.plans_on_device
+    graph.plan_on_device(padded_indptrs([3], 1), padded_indptrs([9000], 1))
+    assert graph.device_plan_matches([3], [9000]) and not graph.device_plan_matches([3], [9001])
