@@ -75,6 +75,14 @@ def _runs_json(runs: PhaseRuns | None) -> dict:
             "evidence": one(runs.evidence)}
 
 
+def _changed_text(changed: list[str], shown: int = 3) -> str:
+    """``changed since the checkpoint: 2 files under its paths (a.py, b.py): record it again``."""
+    names = ", ".join(one_line(name) for name in changed[:shown]) + (", ..." if len(changed) > shown else "")
+    count = f"{len(changed)} file{'s' if len(changed) != 1 else ''}"
+    return (f"changed since the checkpoint: {count} under its paths ({names}); its evidence is of other code, "
+            "record it again (docs/runner.md, 'Recording a phase again')")
+
+
 def _metrics(plan: Plan, phase_id: str, metrics: dict) -> str:
     """``speedup=2.31 (median of 20; 95% interval [2.1, 2.5]), errors=0``."""
     texts = headline_texts(plan.phase(phase_id), metrics)
@@ -90,7 +98,7 @@ def _table(plan: Plan, view: StatusView, described: dict[str, str], facts: dict[
         table.add_row(
             "→" if phase.next else "",
             phase.id,
-            described[phase.id],
+            described[phase.id] + (f"; {_changed_text(record.changed)}" if record and record.changed else ""),
             record.tag if record else "",
             record.time if record else "",
             (record.commit or "")[:12] if record else "",
@@ -110,6 +118,8 @@ def _plain(plan: Plan, view: StatusView, described: dict[str, str], facts: dict[
         if record is not None:
             commit = f" commit {record.commit[:12]}" if record.commit else ""
             lines.append(f"     checkpoint {record.tag} at {record.time}{commit}")
+            if record.changed:
+                lines.append(f"     {_changed_text(record.changed)}")
         metrics, source = facts[phase.id].headline
         if metrics:
             lines.append(f"     {_metrics(plan, phase.id, metrics)}" + (f" ({source})" if record is None and source else ""))

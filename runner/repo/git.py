@@ -83,6 +83,19 @@ def tag_commit(root: Path, tag: str) -> str | None:
     return rev(root, f"refs/tags/{tag}^{{commit}}")
 
 
+def changed_since(root: Path, commit: str, paths: list[str]) -> list[str]:
+    """The files under ``paths`` (literal, relative to ``root``) whose work-tree content differs
+    from ``commit``'s: modified, added or deleted since, committed or not, and untracked files
+    git does not ignore. Sorted POSIX paths; none for no paths."""
+    if not paths:
+        return []
+    spec = ["--", *paths]
+    diff = run_git(root, "diff", "--name-only", "-z", "--no-renames", commit, *spec).stdout
+    untracked = run_git(root, "ls-files", "-z", "--others", "--exclude-standard", *spec).stdout
+    names = (diff + untracked).decode("utf-8", "surrogateescape").split("\0")
+    return sorted({name for name in names if name})
+
+
 def current_branch(root: Path) -> str | None:
     """The full ref ``HEAD`` points to (``refs/heads/main``), ``None`` when detached."""
     proc = run_git(root, "symbolic-ref", "-q", "HEAD", check=False)

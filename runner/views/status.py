@@ -1,7 +1,10 @@
 """``runner status``: every phase's status, last checkpoint and headline metrics. Reads only.
 
 The checkpoint commit is resolved from the phase's tag when the root is a git repository (a
-commit cannot name its own hash, so the plan records the tag); elsewhere it is ``None``.
+commit cannot name its own hash, so the plan records the tag); elsewhere it is ``None``. With a
+commit, ``changed`` lists the files under the phase's ``paths`` that differ from it now: the
+checkpoint's evidence is of other code than the tree's (DVC's "changed" stage), so the phase
+is due to be recorded again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class CheckpointView:
     commit: str | None
     metrics: dict[str, bool | int | float | str]
     open_targets: dict[str, dict] = field(default_factory=dict)  # metric -> {target, value}
+    changed: list[str] | None = None  # files under the phase's paths changed since ``commit``; None: unknown
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -70,6 +74,7 @@ def plan_status(ws: Workspace) -> StatusView:
         checkpoint = None
         if phase.checkpoint is not None:
             record = phase.checkpoint
+            commit = _tag_commit(ws, record.tag)
             checkpoint = CheckpointView(
                 phase=phase.id,
                 tag=record.tag,
@@ -77,9 +82,10 @@ def plan_status(ws: Workspace) -> StatusView:
                 base=record.base,
                 fingerprint=record.fingerprint,
                 report=record.report,
-                commit=_tag_commit(ws, record.tag),
+                commit=commit,
                 metrics=dict(record.metrics),
                 open_targets={name: target.model_dump(mode="json") for name, target in record.open_targets.items()},
+                changed=_changed(ws, commit, phase.paths),
             )
         phases.append(
             PhaseView(
@@ -106,5 +112,16 @@ def _tag_commit(ws: Workspace, tag: str) -> str | None:
         return None
     try:
         return git.tag_commit(ws.root, tag)
+    except GitError:
+        return None
+
+
+def _changed(ws: Workspace, commit: str | None, paths: list[str]) -> list[str] | None:
+    """Files under ``paths`` changed since ``commit``; ``None`` without a commit or when git
+    cannot tell (a commit missing from a shallow clone)."""
+    if commit is None:
+        return None
+    try:
+        return git.changed_since(ws.root, commit, paths)
     except GitError:
         return None
