@@ -57,13 +57,22 @@ class Workspace:
         folder): those inside the root are left out too, so writing or copying them into the
         tree does not change the fingerprint.
         """
-        exclude = [self.plan_rel, REPORTS_DIR]
+        exclude = self.records()
         for path in also_exclude:
             try:
                 exclude.append(Path(path).resolve().relative_to(self.root.resolve()).as_posix())
             except ValueError:
                 continue  # outside the tree: not part of the fingerprint anyway
         return tree_state(self.root, exclude=exclude)
+
+    def records(self) -> list[str]:
+        """The runner's own records, left out of the tree fingerprint: the plan file and ``reports/``
+        (POSIX paths relative to the root)."""
+        return [self.plan_rel, REPORTS_DIR]
+
+    def is_record(self, rel: str) -> bool:
+        """Whether ``rel`` (POSIX, relative to the root) is one of ``records`` or under one."""
+        return any(rel == record or rel.startswith(record.rstrip("/") + "/") for record in self.records())
 
     def reload(self) -> Workspace:
         return Workspace(self.root, self.plan_path, load_plan(self.plan_path))

@@ -117,11 +117,13 @@ def _tag_commit(ws: Workspace, tag: str) -> str | None:
 
 
 def _changed(ws: Workspace, commit: str | None, paths: list[str]) -> list[str] | None:
-    """Files under ``paths`` changed since ``commit``; ``None`` without a commit or when git
-    cannot tell (a commit missing from a shallow clone)."""
+    """Files under ``paths`` changed since ``commit``, the runner's own records apart (the plan
+    and ``reports/``, which later checkpoints change, as the fingerprint leaves them out);
+    ``None`` without a commit or when git cannot tell (a commit missing from a shallow clone)."""
     if commit is None:
         return None
     try:
-        return git.changed_since(ws.root, commit, paths)
+        changed = git.changed_since(ws.root, commit, paths)
     except GitError:
         return None
+    return [name for name in changed if not ws.is_record(name)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.runner.repo_fixtures import cli, make_repo, write
+from tests.runner.repo_fixtures import cli, default_phases, make_repo, write
 
 
 def checkpointed(tmp_path, runner_env):
@@ -56,3 +56,18 @@ def test_without_its_tag_or_outside_git_nothing_is_claimed(tmp_path, runner_env)
     repo.git("tag", "-d", "demo/alpha")
     assert changed(runner_env, repo) is None
     assert "changed since the checkpoint" not in cli(runner_env, repo.root, "status").stdout
+
+
+def test_the_runner_own_records_under_the_paths_do_not_count(tmp_path, runner_env):
+    """A phase whose paths cover the whole tree: later checkpoints rewrite the plan and add
+    reports, which the fingerprint leaves out; they are not the phase's code."""
+    phases = default_phases()
+    phases[0]["paths"] = ["."]
+    repo = make_repo(tmp_path / "repo", phases)
+    assert cli(runner_env, repo.root, "advance").exit_code == 0
+    write(repo.root, "reports/demo/beta/later/results.json", "{}\n")
+    with open(repo.plan, "a") as f:
+        f.write("\nA note added later.\n")
+    assert changed(runner_env, repo) == []
+    write(repo.root, "unrelated.txt", "unrelated v2\n")
+    assert changed(runner_env, repo) == ["unrelated.txt"]
