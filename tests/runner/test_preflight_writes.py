@@ -108,8 +108,10 @@ def test_a_signal_during_start_up_exits_130_without_a_traceback(monkeypatch, cap
     from runner.__main__ import main
 
     def starting():
-        os.kill(os.getpid(), signum)
-        time.sleep(10)  # the handler raises before this ends; a signal dropped fails the test then
+        # raise_signal, not os.kill: a signal sent to the process may land on another thread
+        # (a library's), which leaves this thread's sleep uninterrupted and the handler late
+        signal.raise_signal(signum)
+        time.sleep(10)  # the handler raises before this; a signal dropped fails the test then
 
     monkeypatch.setattr(runner.cli, "main", starting)
     with sigint_raises(), pytest.raises(SystemExit) as exit_info:  # SIGTERM: main's own handler
