@@ -277,8 +277,7 @@ class Engine:
         room = min(self.pool.allocator.num_free - reserve, self.pool.table.max_context - self.pool.table.length(req.req_id)) - 1
         if len(tree) <= room:
             return tree
-        keep = max(0, room)
-        return DraftTree(tree.tokens[:keep], tree.parents[:keep])
+        return tree.cut(max(0, room))
 
     def step(self, requests: list[Request]) -> None:
         """One decode or verify step over the unfinished ``requests``."""
@@ -317,7 +316,12 @@ class Engine:
                 sampling=req.sampling,
             ))
         sample = any(req.sampling.samples for req, _, _ in entries)
-        result = self.runner.run(StepBatch(kind, step_entries, accept=True, mtp=self._mtp, topk=self.mtp_topk, sample=sample))
+        # Drafts still on the device (a launched draft step): the verify step takes them there.
+        source = next((t.source for _, t, _ in entries if t.has_pending), None)
+        if any(t.has_pending and t.source is not source for _, t, _ in entries):
+            raise ValueError("Expected the pending drafts of one step to come from one draft step, got trees of several")
+        result = self.runner.run(StepBatch(kind, step_entries, accept=True, mtp=self._mtp, topk=self.mtp_topk, sample=sample,
+                                           device_tokens=source))
         for b, (req, tree, slots) in enumerate(entries):
             path = result.path[b]
             keep = [slots[cell] for cell in path]

@@ -21,6 +21,12 @@ Decisions:
   greedy path alone, as it did before sampling existed.
 - One result read per step: the integer outputs are packed on the device and copied back in
   one transfer (plus one for the margins), the step's only host sync.
+- A drafter's own step may be started without a read (``launch``): its outputs stay on the
+  device, the verify step takes its pending drafts from them (``StepBatch.device_tokens``: one
+  gather into its input rows, queued behind the draft step) and reads them back with its own
+  results. The host prepares the verify step while the device drafts, and a speculative step
+  waits for the device once. ``launch`` refuses an accepting step: its results change the
+  slot table, which the host must know before the next step.
 - Graph replay belongs to the runner that captured it: the runner is built with a
   ``replay`` factory (``serving.graphs.CudaGraphs``), calls it once at the end of its own
   construction, and keeps what it returns as ``graphs``; nothing is attached later. That
@@ -143,6 +149,10 @@ class StepReplay(Protocol):
     def try_replay(self, step: StepBatch) -> StepResult | None:
         """The step's results from a captured graph; None when no capture holds it."""
 
+    def try_launch(self, step: StepBatch) -> torch.Tensor | None:
+        """The step replayed without reading it: its rows' tokens (int64 [>= N], on the device); None
+        when no capture holds it."""
+
 
 class ModelRunner:
     """Runs steps of ``model`` over ``pool`` with ``backend``.
@@ -160,6 +170,7 @@ class ModelRunner:
         self.model, self.pool, self.backend = model, pool, backend
         self.device = model.device
         self.graphs: StepReplay | None = None
+        self._pending_read: tuple[StepBatch, list, torch.Tensor] | None = None  # prepare() -> run()
         # The MTP module's state between steps (serving.speculation.mtp); None without the module.
         self.mtp = MTPState(pool.table.rows.shape[0], model.cfg.hidden_size, model.dtype, model.device) if model.has_mtp else None
         # Tables for every position a request can reach, once: a captured step cannot grow them.
@@ -192,10 +203,38 @@ class ModelRunner:
             device_buffer.copy_(packed.host, non_blocking=True)
         self.model.rope.ensure(max(max(e.positions) for e in step.entries) + 1)  # host only; a no-op in range
         batch = forward_batch(step, packed.views(device_buffer), kv_indices)
+        if step.device_tokens is not None:
+            self._take_device_tokens(step, batch)
         if self.device.type != "cuda":
             self._build_kv_indices(batch, host=([e.row for e in step.entries], [e.prefix_len for e in step.entries],
                                                 [len(e.tail) for e in step.entries]))
         return batch
+
+    def _take_device_tokens(self, step: StepBatch, batch: ForwardBatch) -> None:
+        """Gather the step's pending drafts from ``step.device_tokens`` into its input rows and start
+        their copy to the host; ``run`` writes them into the entries once the step's results are
+        read (the same sync). No host sync here."""
+        cells = step.pending_cells()
+        if not cells:
+            return
+        pin = self.device.type == "cuda"
+        index = torch.tensor([c[2] for c in cells] + [c[3] for c in cells], dtype=torch.long)
+        index = (index.pin_memory() if pin else index).to(self.device, non_blocking=True)
+        values = step.device_tokens.index_select(0, index[len(cells):])
+        batch.input_ids.index_copy_(0, index[: len(cells)], values)
+        host = torch.empty(len(cells), dtype=torch.long, pin_memory=pin)
+        host.copy_(values, non_blocking=True)
+        self._pending_read = (step, cells, host)
+
+    def _read_pending(self, step: StepBatch) -> None:
+        """After ``step``'s results were read (its stream is done): its pending drafts' values."""
+        pending, self._pending_read = self._pending_read, None
+        if pending is None or pending[0] is not step:
+            if step.pending_cells():
+                raise RuntimeError("Expected the pending drafts of this step to have been copied by prepare(), got none")
+            return
+        _, cells, host = pending
+        step.take_pending(host.tolist(), cells)
 
     def _build_kv_indices(self, batch: ForwardBatch, host=None) -> None:
         f = batch.fields
@@ -289,8 +328,28 @@ class ModelRunner:
             self.backend.init_forward_metadata(batch)
             ints, gap = self.forward_step(batch, shape)
             result = unpack_outputs(ints.cpu(), gap.cpu(), step, shape, batch.num_tokens, batch.batch_size)
+        if step.device_tokens is not None:
+            self._read_pending(step)
         self._keep_candidates(step, result)
         return result
+
+    def launch(self, step: StepBatch) -> torch.Tensor:
+        """A drafter's step started and not read: int64 [>= N] on the device, the token after each of
+        its rows (``StepResult.pred``: entries' rows in order, padding after). The tensor holds them
+        until the next step of the same bucket runs; read it, or hand it to the verify step as
+        ``StepBatch.device_tokens``, before then."""
+        if step.kind == "extend" or step.accept:
+            raise ValueError(f"Expected a decode or verify step that accepts nothing for launch(), got a {step.kind} step "
+                             f"with accept={step.accept} (run() it: its results change the slot table)")
+        pred = self.graphs.try_launch(step) if self.graphs is not None else None
+        if pred is None:
+            shape = StepShape.of(step)
+            batch = self.prepare(step)
+            self.backend.init_forward_metadata(batch)
+            pred = self.forward_step(batch, shape)[0][: batch.num_tokens]
+        if step.device_tokens is not None:  # its own pending inputs: nothing will read them
+            self._pending_read = None
+        return pred
 
     def extend(self, step: StepBatch) -> torch.Tensor | None:
         """A prefill step (eager); returns float32 logits of ``step.logits_rows`` (None: none asked)."""

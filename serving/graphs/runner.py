@@ -187,6 +187,18 @@ class CudaGraphRunner:
         self.last_key = key
         return self.read(step, key)
 
+    def try_launch(self, step: StepBatch) -> torch.Tensor | None:
+        """Replay ``step`` on its bucket's graph without reading it: int64 [rows] on the device, each
+        row's token (the graph's static output: valid until the bucket replays again); None when no
+        captured bucket holds it."""
+        key = self.key_for(step)
+        if key is None:
+            self.eager_steps += 1
+            return None
+        cap = self.replay_into(step, key)
+        self.last_key = key
+        return cap.outputs[0][: cap.layout.tokens]
+
     def attention_graph(self, key: GraphKey, layers: int) -> torch.cuda.CUDAGraph:
         """A graph of only the attention calls of ``key``'s step (random queries, the plan and
         ``kv_indices`` of its last replay): timing it gives attention's share of a step."""

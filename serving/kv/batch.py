@@ -92,6 +92,10 @@ class StepBatch:
     sample: the step's rows carry their requests' sampling parameters, and acceptance is
         speculative sampling (``serving.speculation.rejection``; a greedy entry's result is the
         greedy one); only for an accepting decode / verify step. False: greedy, as before.
+    device_tokens: int64 [S] on the device, the outputs of a draft step not read yet; an entry's
+        negative token ``-1 - r`` (``serving.speculation.tree.pending``) is ``device_tokens[r]``,
+        copied into the step's input rows on the device and read back with its results
+        (``ModelRunner.run`` writes it into the entry). None: every token is on the host.
     """
 
     kind: str
@@ -102,6 +106,7 @@ class StepBatch:
     logits_rows: list[int] | None = None
     mtp: str = ""
     sample: bool = False
+    device_tokens: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -124,6 +129,24 @@ class StepBatch:
                 raise ValueError(f"Expected one token per entry in a decode step, got {t} for entry {b}")
             if self.kind == "verify" and (e.parents is None or len(e.parents) != t):
                 raise ValueError(f"Expected parents for each of entry {b}'s {t} tokens in a verify step, got {e.parents}")
+            if self.device_tokens is None and min(e.tokens) < 0:
+                raise ValueError(f"Expected token ids >= 0 in entry {b}, or the device outputs its pending drafts are in "
+                                 f"(device_tokens), got {e.tokens}")
+        if self.device_tokens is not None and self.kind == "extend":
+            raise ValueError("Expected pending drafts (device_tokens) only in a decode or verify step, got an extend step")
+
+    def pending_cells(self) -> list[tuple[int, int, int, int]]:
+        """(entry, token index, step row, ``device_tokens`` row) of every pending token, in row order."""
+        cells, start = [], 0
+        for b, e in enumerate(self.entries):
+            cells += [(b, j, start + j, -1 - t) for j, t in enumerate(e.tokens) if t < 0]
+            start += e.num_tokens
+        return cells
+
+    def take_pending(self, values: list[int], cells: list[tuple[int, int, int, int]]) -> None:
+        """Write the pending tokens' values (read from the device, in ``cells``' order) into the entries."""
+        for (b, j, _, _), v in zip(cells, values):
+            self.entries[b].tokens[j] = int(v)
 
     @property
     def batch_size(self) -> int:
@@ -278,6 +301,8 @@ class PackedStep:
         t_lens = [e.num_tokens for e in entries]
         n = sum(t_lens)
         a["input_ids"][:n] = [x for e in entries for x in e.tokens]
+        if step.device_tokens is not None:  # pending drafts: written on the device (ModelRunner.prepare)
+            np.maximum(a["input_ids"][:n], 0, out=a["input_ids"][:n])
         a["positions"][:n] = [x for e in entries for x in e.positions]
         a["out_slots"][:n] = [x for e in entries for x in e.tail[len(e.tail) - e.num_tokens :]]
         a["rows"][:b] = [e.row for e in entries]

@@ -31,7 +31,7 @@ from serving.kv.batch import StepBatch, StepEntry, StepShape
 from serving.kv.pool import PoolExhausted
 from serving.speculation.mtp import MAX_MTP_WIDTH
 from serving.speculation.ngram_index import NgramIndex, NgramIndexes
-from serving.speculation.tree import MAX_DRAFT_TOKENS, DraftTree
+from serving.speculation.tree import MAX_DRAFT_TOKENS, DraftTree, pending
 
 if TYPE_CHECKING:
     from serving.engine.model_runner import ModelRunner
@@ -256,13 +256,19 @@ class MTPDrafter:
                           list(range(lengths[o], lengths[o] + chain)), list(range(-1, chain - 1)), hidden_src=rows[o])
                 for i, (o, t) in enumerate(zip(owners, firsts_flat))
             ], mtp="chain")
-            drafted = runner.run(step).pred
+            # Not read: the verify step takes the drafts from the device (tree.pending); the scratch
+            # slots' rows are written before the verify step's own, which is queued behind.
+            source = runner.launch(step)
         finally:
             pool.free(scratch)
         paths: list[list[list[int]]] = [[] for _ in requests]
-        for o, t, rest in zip(owners, firsts_flat, drafted):
-            paths[o].append([t] + rest)  # row j of a chain drafted the token after its own
-        return [DraftTree.from_paths(p) for p in paths]
+        for i, (o, t) in enumerate(zip(owners, firsts_flat)):
+            # row j of a chain drafted the token after its own
+            paths[o].append([t] + [pending(i * chain + j) for j in range(chain)])
+        trees = [DraftTree.from_paths(p) for p in paths]
+        for tree in trees:
+            tree.source = source
+        return trees
 
 
 _SPEC = re.compile(r"^(tree|ngram|mtp):(\d+)x(\d+)(?::(\w+)=(\d+))?$")

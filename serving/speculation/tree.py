@@ -1,4 +1,11 @@
-"""Draft trees: tokens in topological order with parent links, built from candidate paths."""
+"""Draft trees: tokens in topological order with parent links, built from candidate paths.
+
+A draft may still be on the device: a drafter that launches its own step without reading it
+(``ModelRunner.launch``) names each such draft by its row in that step's outputs (``source``),
+as the negative id ``pending(row)``. The verify step copies those tokens into its input rows on
+the device, queued behind the draft step, and reads them back with its own results: a
+speculative step then waits for the device once, as a plain step does.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +19,51 @@ MAX_VERIFY_TOKENS = 64  # the kernel's limit on T_b; the root (last accepted tok
 MAX_DRAFT_TOKENS = MAX_VERIFY_TOKENS - 1
 
 
+def pending(row: int) -> int:
+    """The token id that stands for a draft still on the device: row ``row`` of a tree's ``source``."""
+    if row < 0:
+        raise ValueError(f"Expected a source row >= 0, got {row}")
+    return -1 - row
+
+
+def pending_row(token: int) -> int:
+    """The ``source`` row a pending token id (``pending``) names."""
+    return -1 - token
+
+
 @dataclass
 class DraftTree:
     """tokens: int [T_d]; parents: int [T_d], parents[t] < t, or -1 for a child of the root.
 
     The root is the request's last emitted token, whose KV is not cached yet; the verify step
     runs it together with the drafts.
+
+    source: int64 [S] on the device, the outputs of a draft step not read yet; a negative token
+    is ``pending(row)``, the token in ``source[row]``. None: every token is known on the host.
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
+    source: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def has_pending(self) -> bool:
+        return self.source is not None and any(t < 0 for t in self.tokens)
+
+    def cut(self, keep: int) -> "DraftTree":
+        """The first ``keep`` drafts (a topological prefix: still a tree), the same source."""
+        return DraftTree(self.tokens[:keep], self.parents[:keep], self.source)
+
+    def read(self) -> "DraftTree":
+        """This tree with its pending tokens read from the device (a device sync): for callers that
+        need the values before the verify step, which reads them without one."""
+        if not self.has_pending:
+            return DraftTree(list(self.tokens), list(self.parents))
+        values = self.source.tolist()
+        return DraftTree([values[pending_row(t)] if t < 0 else t for t in self.tokens], list(self.parents))
 
     def depths(self) -> list[int]:
         """Depth of each draft below the root (children of the root have depth 1)."""

@@ -272,7 +272,7 @@ def test_mtp_chains_match_transformers(random_folder, spec, backend, prompt_len,
     req = eng.add_request(prompt, 8)
     eng.prefill(req)
     eng.step([req])  # one verify step: the state comes from the target's step, not the prefill
-    tree = eng.drafter.propose(DraftContext(eng.runner), [req])[0]
+    tree = eng.drafter.propose(DraftContext(eng.runner), [req])[0].read()
     width, depth = eng.drafter.width, eng.drafter.depth
     firsts = _reference_mtp_topk(target, mtp, head, req.tokens, width)
     want = [[t] + _reference_chain(target, mtp, head, req.tokens, t, depth - 1) for t in firsts]

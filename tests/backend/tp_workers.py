@@ -57,7 +57,7 @@ def generate(model: DeepseekV3Model, spec: str | None, tp: TensorParallel | None
     trees: list = []
     if stats is not None and engine.drafter is not None:  # record every tree the drafter proposes
         propose = engine.drafter.propose
-        engine.drafter.propose = lambda ctx, reqs: trees.append([[t.tokens, t.parents] for t in propose(ctx, reqs)]) or \
+        engine.drafter.propose = lambda ctx, reqs: trees.append([[t.tokens, t.parents] for t in (x.read() for x in propose(ctx, reqs))]) or \
             [DraftTree(list(a), list(b)) for a, b in trees[-1]]
     requests = engine.generate(PROMPTS, MAX_NEW)
     assert all(r.error is None for r in requests) and pool.leaked_slots() == 0

@@ -54,7 +54,7 @@ class AcceptAllMTP(MTPDrafter):
         return math.floor((i + 1) * self.accepted) - math.floor(i * self.accepted)
 
     def propose(self, ctx, requests):
-        trees = super().propose(ctx, requests)
+        trees = [tree.read() for tree in super().propose(ctx, requests)]  # its paths need the drafts' values
         out = []
         for r, tree in zip(requests, trees):
             future = self.futures[r.req_id][len(r.output) :]
