@@ -140,26 +140,25 @@ def test_device_drafts_are_accepted_as_host_drafts_are(model, backend, graph_buf
     assert runs[True][0] >= len(prompts) * (MAX_NEW // 4)  # every chain accepted while the future lasts
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["mtp:2x3", "mtp:4x3"])
-def test_captured_chain_drafts_reach_the_verify_step(spec):
-    """CUDA graphs: the MTP chain step is replayed and not read, the verify step gathers its drafts;
-    every verify step's drafts are the chain step's outputs (read here at proposal, a sync the
-    engine does not make), and the output is plain greedy's."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    gpu = random_model("tiny", device="cuda", dtype=torch.bfloat16, seed=3, num_nextn_predict_layers=1)
+def _chain_drafts_reach_the_verify_step(model, spec, prompts, max_new, captured):
+    """The MTP chain step replayed from a bucket (captured, or its static buffers run eagerly) and
+    not read, the verify step gathering its drafts: every verify step's drafts are the chain
+    step's outputs (read here at proposal, a sync the engine does not make), and the output is
+    plain greedy's."""
 
     def engine(spec):
-        pool = gpu.new_pool(2048, torch.bfloat16, max_requests=8, max_context=256)
-        return build_engine(ServingConfig(backend="kernel", speculate=spec, pool_slots=pool.num_slots), gpu, pool).engine
+        pool = model.new_pool(2048, torch.bfloat16, max_requests=8, max_context=256)
+        config = ServingConfig(backend="kernel", speculate=spec, pool_slots=pool.num_slots, cuda_graphs=True,
+                               capture_graphs=captured, graph_batch_sizes=(1, 2, 8))
+        return build_engine(config, model, pool).engine
 
-    plain = engine(None).generate(PROMPTS, MAX_NEW)
+    plain = engine(None).generate(prompts, max_new)
     eng = engine(spec)
     drafted, propose = [], eng.drafter.propose
 
     def recording(ctx, requests):
         trees = propose(ctx, requests)
+        assert all(t.has_pending for t in trees)
         drafted.append([t.read().tokens for t in trees])
         return trees
 
@@ -173,8 +172,25 @@ def test_captured_chain_drafts_reach_the_verify_step(spec):
         return result
 
     eng.runner.run = recording_run
-    reqs = eng.generate(PROMPTS, MAX_NEW)
+    reqs = eng.generate(prompts, max_new)
     assert [r.output for r in reqs] == [r.output for r in plain]
-    assert eng.runner.graphs.replays > 0 and eng.runner.graphs.eager_steps == 0
-    assert len(drafted) == len(verified) and drafted == verified
+    graphs = eng.runner.graphs
+    assert graphs.replays > 0 and graphs.eager_steps == 0
+    assert "mtp-chain" in {k.family.name for k in graphs.graphs}
+    assert drafted and drafted == verified
     assert not any(t < 0 for tree in drafted for tokens in tree for t in tokens)
+    assert eng.pool.leaked_slots() == 0
+
+
+def test_chain_drafts_reach_the_verify_step_through_graph_buffers(model, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _chain_drafts_reach_the_verify_step(model, "mtp:2x3", PROMPTS[:2], 6, captured=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["mtp:2x3", "mtp:4x3"])
+def test_captured_chain_drafts_reach_the_verify_step(spec):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gpu = random_model("tiny", device="cuda", dtype=torch.bfloat16, seed=3, num_nextn_predict_layers=1)
+    _chain_drafts_reach_the_verify_step(gpu, spec, PROMPTS, MAX_NEW, captured=True)
