@@ -317,9 +317,10 @@ class Engine:
             ))
         sample = any(req.sampling.samples for req, _, _ in entries)
         # Drafts still on the device (a launched draft step): the verify step takes them there.
-        source = next((t.source for _, t, _ in entries if t.has_pending), None)
-        if any(t.has_pending and t.source is not source for _, t, _ in entries):
+        sources = [t.source for _, t, _ in entries if t.has_pending]
+        if any(s is not sources[0] for s in sources):
             raise ValueError("Expected the pending drafts of one step to come from one draft step, got trees of several")
+        source = sources[0] if sources else None
         result = self.runner.run(StepBatch(kind, step_entries, accept=True, mtp=self._mtp, topk=self.mtp_topk, sample=sample,
                                            device_tokens=source))
         for b, (req, tree, slots) in enumerate(entries):

@@ -132,8 +132,21 @@ class StepBatch:
             if self.device_tokens is None and min(e.tokens) < 0:
                 raise ValueError(f"Expected token ids >= 0 in entry {b}, or the device outputs its pending drafts are in "
                                  f"(device_tokens), got {e.tokens}")
-        if self.device_tokens is not None and self.kind == "extend":
+        if self.device_tokens is not None:
+            self._check_device_tokens()
+
+    def _check_device_tokens(self) -> None:
+        """On the host, before any gather: an index past ``device_tokens`` would fault on the device."""
+        source = self.device_tokens
+        if self.kind == "extend":
             raise ValueError("Expected pending drafts (device_tokens) only in a decode or verify step, got an extend step")
+        if source.dim() != 1 or source.dtype != torch.int64:
+            raise ValueError(f"Expected device_tokens as int64 [S] (a draft step's outputs), got {source.dtype} "
+                             f"{list(source.shape)}")
+        lowest = min(min(e.tokens) for e in self.entries)
+        if lowest < 0 and -1 - lowest >= source.shape[0]:
+            raise ValueError(f"Expected pending drafts naming rows of device_tokens (0..{source.shape[0] - 1}), got row "
+                             f"{-1 - lowest}; a drafter's tree must name rows of the step it launched")
 
     def pending_cells(self) -> list[tuple[int, int, int, int]]:
         """(entry, token index, step row, ``device_tokens`` row) of every pending token, in row order."""

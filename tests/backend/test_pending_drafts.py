@@ -47,6 +47,11 @@ def test_pending_tokens_without_their_source_are_refused():
         _verify_step([[5, pending(0)]], [0])
     with pytest.raises(ValueError, match="extend"):
         StepBatch("extend", [StepEntry(0, 0, [1], [3], [0])], device_tokens=torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"rows of device_tokens \(0..1\), got row 2"):
+        _verify_step([[5, pending(0)], [6, pending(2)]], [0, 0], torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="int64"):
+        _verify_step([[5, pending(0)]], [0], torch.tensor([1, 2], dtype=torch.int32))
+    _verify_step([[5, pending(1)]], [0], torch.tensor([1, 2]))  # the last row is in range
 
 
 def _runner(model, backend, graph_buffers):
@@ -95,7 +100,7 @@ class FutureDrafter:
 
     fused_topk = 0
 
-    def __init__(self, futures: dict[int, list[int]], depth: int, on_device: bool) -> None:
+    def __init__(self, futures: dict[tuple[int, ...], list[int]], depth: int, on_device: bool) -> None:
         self.futures, self.depth, self.on_device = futures, depth, on_device
         self.max_drafts = depth
 
