@@ -64,6 +64,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up`` of ``gate, up = gate_up.chunk(2, -1)`` (one kernel on CUDA)."""
+    if fused.available(gate_up) and gate_up.is_contiguous():
+        return fused.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def add_rms_norm(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + y), x + y): the residual add and the next norm, fused on CUDA."""
     if fused.available(x) and x.dim() == 2 and x.stride(-1) == 1 and y.stride(-1) == 1 and x.dtype == y.dtype:
@@ -196,8 +204,12 @@ class DeepseekV3Model:
         else:
             roped = self.rope.apply(torch.cat([q[..., nope:], latent[:, None, r:]], dim=1), batch.positions, rope_tables)
         q_nope, q_rope, k_rope = q[..., :nope], roped[:, :heads], roped[:, heads]
-        c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
-        pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))  # distinct, but padding rows all write slot 0
+        # Slots are distinct, but padding rows all write slot 0.
+        if fused.available(x):  # the norm, the concatenation and the store in one kernel
+            fused.write_kv_rows(pool.layer(i), batch.out_slots, latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6, k_rope)
+        else:
+            c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
+            pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))
         if batch.mode == "extend":
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
         else:
@@ -219,8 +231,7 @@ class DeepseekV3Model:
         return mlp, x
 
     def _mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
-        gate, up = gemm.linear(x, self.fused[prefix + "gate_up"]).chunk(2, dim=-1)
-        return self._linear(F.silu(gate) * up, prefix + "down_proj")
+        return self._linear(silu_mul(gemm.linear(x, self.fused[prefix + "gate_up"])), prefix + "down_proj")
 
     def route(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k experts of each token: (weights fp32 [N, k], indices int64 [N, k])."""
@@ -251,8 +262,7 @@ class DeepseekV3Model:
                 if e not in self.local_experts:
                     continue
                 token, slot = torch.where(idx == e)
-                gate, up = gemm.linear(x[token], gate_up[e - first]).chunk(2, dim=-1)
-                y = gemm.linear(F.silu(gate) * up, down[e - first]) * weights[token, slot, None]
+                y = gemm.linear(silu_mul(gemm.linear(x[token], gate_up[e - first])), down[e - first]) * weights[token, slot, None]
                 out.index_add_(0, token, y.to(out.dtype))
         else:
             dense = torch.zeros(x.shape[0], self.cfg.n_routed_experts, dtype=weights.dtype, device=x.device).scatter_(1, idx, weights)
@@ -261,8 +271,7 @@ class DeepseekV3Model:
             group = max(1, DENSE_EXPERT_ELEMENTS // max(1, x.shape[0] * gate_up.shape[1]))
             for e0 in range(0, gate_up.shape[0], group):
                 e1 = min(gate_up.shape[0], e0 + group)
-                gate, up = gemm.expert_matmul(x, gate_up[e0:e1]).chunk(2, dim=-1)  # [G, N, I] each
-                y = gemm.expert_matmul(F.silu(gate) * up, down[e0:e1])  # [G, N, hidden]
+                y = gemm.expert_matmul(silu_mul(gemm.expert_matmul(x, gate_up[e0:e1])), down[e0:e1])  # [G, N, hidden]
                 out += (y.float() * dense[:, e0:e1].T[:, :, None]).sum(0)
             out = out.to(x.dtype)
         if self.cfg.n_shared_experts:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from serving.model import fused
 from serving.model.deepseek_v3 import rms_norm
@@ -63,3 +64,61 @@ def test_rope_kernel_matches_the_torch_rotation(interleave, dtype):
 def test_model_norm_uses_the_torch_path_on_the_cpu():
     x = torch.randn(3, 8)
     assert torch.equal(rms_norm(x, torch.ones(8), 1e-6), torch_rms_norm(x, torch.ones(8), 1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_row_write_matches_norm_cat_and_index_copy(dtype):
+    gen = torch.Generator().manual_seed(2)
+    rank, rope, n, slots_total = 48, 16, 5, 12
+    rows = torch.randn(n, 8 + rank + rope, generator=gen).to(dtype) * 3
+    latent = rows[:, 8 : 8 + rank]  # a strided view, as the fused q_a / kv_a GEMM's output gives it
+    key = torch.randn(n, 3, rope, generator=gen).to(dtype)[:, 2]  # the roped key: one head of [N, H + 1, R]
+    weight = (1 + torch.randn(rank, generator=gen) / 4).to(dtype)
+    slots = torch.randperm(slots_total - 1, generator=gen)[:n] + 1
+    poison = torch.full((slots_total, rank + rope), float("nan"), dtype=dtype)
+    want = poison.clone().index_copy_(0, slots, torch.cat([torch_rms_norm(latent, weight, 1e-6), key], -1).to(dtype))
+    got = poison.to(DEVICE)
+    fused.write_kv_rows(got, slots.to(DEVICE), latent.to(DEVICE), weight.to(DEVICE), 1e-6, key.to(DEVICE))
+    got = got.cpu()
+    untouched = torch.ones(slots_total, dtype=torch.bool)
+    untouched[slots] = False
+    assert got[untouched].isnan().all(), "rows at other slots were written"
+    assert not got[slots].isnan().any()
+    assert torch.equal(got[slots][:, rank:], key), "the key is copied as it is"
+    tol = 1e-6 if dtype == torch.float32 else 2 ** -5  # as the norm kernel's
+    torch.testing.assert_close(got[slots].float(), want[slots].float(), rtol=tol, atol=tol)
+    # against float64: within twice the error of torch's own same-precision row, plus one ulp
+    exact = torch_rms_norm(latent.double(), weight.double(), 1e-6)
+    err_kernel = (got[slots][:, :rank].double() - exact).abs().max()
+    err_torch = (want[slots][:, :rank].double() - exact).abs().max()
+    assert err_kernel <= 2 * err_torch + torch.finfo(dtype).eps * exact.abs().max()
+
+
+def test_kv_row_write_refuses_a_pool_of_another_width():
+    pool = torch.zeros(4, 10)
+    with pytest.raises(ValueError, match="Expected pool rows of 12"):
+        fused.write_kv_rows(pool, torch.tensor([1]), torch.zeros(1, 8), torch.ones(8), 1e-6, torch.zeros(1, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 2 * 40), (2, 3, 2 * 1500)])  # [N, 2I] and the experts' [G, N, 2I], I past one block
+def test_silu_mul_matches_torch(dtype, shape):
+    gen = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(shape, generator=gen) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = fused.silu_mul(gate_up.to(DEVICE)).cpu()
+    assert got.shape == want.shape and not got.isnan().any()
+    exact = F.silu(gate.double()) * up.double()
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:  # two roundings, as torch's; the interpreter truncates where a GPU rounds: one ulp each at most
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6)
+    # elementwise against float64: twice torch's error plus two roundings of the kernel's own
+    bound = 2 * (want.double() - exact).abs() + 2 * torch.finfo(dtype).eps * exact.abs() + 1e-30
+    assert ((got.double() - exact).abs() <= bound).all()
+
+
+def test_silu_mul_refuses_a_strided_input():
+    with pytest.raises(ValueError, match="Expected a contiguous"):
+        fused.silu_mul(torch.zeros(4, 6)[:, :4])
