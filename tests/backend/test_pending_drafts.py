@@ -154,7 +154,7 @@ def _chain_drafts_reach_the_verify_step(model, spec, prompts, max_new, captured)
     def engine(spec):
         pool = model.new_pool(2048, torch.bfloat16, max_requests=8, max_context=256)
         config = ServingConfig(backend="kernel", speculate=spec, pool_slots=pool.num_slots, cuda_graphs=True,
-                               capture_graphs=captured, graph_batch_sizes=(1, 2, 8))
+                               capture_graphs=captured, graph_batch_sizes=(1, 2, 8, 32))
         return build_engine(config, model, pool).engine
 
     plain = engine(None).generate(prompts, max_new)
