@@ -114,7 +114,9 @@ def _uniform_plan_kernel(
     for r0 in range(0, max_row_blocks, BLOCK_I):
         j = r0 + tl.arange(0, BLOCK_I).to(tl.int64)
         req, mb_first = _prefix_of(mblocks_incl, mblocks, j)
-        _, work_first = _prefix_of(mblocks_incl, works, j)
+        # The request's first work item: its exclusive work sum, picked by index (a second
+        # _prefix_of over ``works`` here does not compile at B = 32 and 64 with Triton 3.6).
+        work_first = tl.sum(tl.where(b[None, :] == req[:, None], (works_incl - works)[None, :], 0), axis=1)
         live = j < num_row_blocks
         tr = (tl.load(QO_INDPTR + req + 1, mask=live, other=1) - tl.load(QO_INDPTR + req, mask=live, other=0)).to(tl.int64)
         lr = (tl.load(KV_INDPTR + req + 1, mask=live, other=1) - tl.load(KV_INDPTR + req, mask=live, other=0)).to(tl.int64)
