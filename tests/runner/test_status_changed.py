@@ -50,12 +50,18 @@ def test_a_deleted_file_counts_and_a_restored_one_does_not(tmp_path, runner_env)
     assert changed(runner_env, repo) == []
 
 
-def test_without_its_tag_or_outside_git_nothing_is_claimed(tmp_path, runner_env):
+def test_without_its_tag_nothing_is_claimed_and_status_says_it_cannot_tell(tmp_path, runner_env):
     repo = checkpointed(tmp_path, runner_env)
     write(repo.root, "src/code.py", "VALUE = 2\n")
     repo.git("tag", "-d", "demo/alpha")
     assert changed(runner_env, repo) is None
-    assert "changed since the checkpoint" not in cli(runner_env, repo.root, "status").stdout
+    text = cli(runner_env, repo.root, "status").stdout
+    assert "changed since the checkpoint:" not in text
+    assert "tag demo/alpha not found: what changed since the checkpoint cannot be told" in text
+    data = json.loads(cli(runner_env, repo.root, "status", "--json").stdout)
+    assert next(p for p in data["phases"] if p["id"] == "alpha")["checkpoint"]["tag_missing"] is True
+    repo.git("tag", "demo/alpha", "HEAD")  # tagged again: the check runs again
+    assert "not found" not in cli(runner_env, repo.root, "status").stdout
 
 
 def test_the_runner_own_records_under_the_paths_do_not_count(tmp_path, runner_env):
