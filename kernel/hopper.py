@@ -75,10 +75,14 @@ SEESAW_CONSUMER_REGS = 256  # the seesaw kernel's second warpgroup (a worker par
 # rows) and take every split in one load over 32 columns; many rows have few (at most ~132 / row
 # blocks: 1024 rows, 9 splits) and take whole 512-column rows, 8 splits a load. Alone, at 2048 rows
 # of 4 splits (B=16 H=128): 35.3 -> 10.9 µs against (32, 128); (128, 8) 64k: 24.6 -> 12.2.
-# CUDA-graph plans keep (32, 128): the captured grid is fixed, and the real plan's rows and splits
-# are not known at capture.
+# A CUDA graph's grid is fixed at capture, when the real plan's rows and splits are not known: the
+# shape follows the layout's rows. Up to GRAPH_WIDE_MAX_ROWS (a decode bucket of one request: 16 heads
+# over ~128 splits at 64k) the merge takes every split in one load over 32 columns (dsv3-tp8 B=1 64k:
+# 551 -> 252 µs of merges per step against (32, 128)); past it the rows have few splits each
+# and (32, 128) measured faster.
 COMBINE_WIDE = (256, 32)
 COMBINE_NARROW = (32, 128)
+GRAPH_WIDE_MAX_ROWS = 64
 COMBINE_SHAPES = (COMBINE_WIDE, (64, 64), COMBINE_NARROW, (16, 256), (8, 512))  # by columns, ascending
 COMBINE_PROGRAMS = 1024
 MIN_CHUNK = 128  # keys per split at least: two 64-key tiles, so a 16k context fills 128 SMs, not 64
@@ -250,12 +254,17 @@ def allocate_workspace(num_work: int, device: torch.device, block_m: int = BLOCK
             torch.empty((n, block_m), dtype=torch.float32, device=device))
 
 
-def combine_shape(plan: MLAVerifyPlan, fixed_grid: bool = False) -> tuple[int, int]:
+def combine_shape(plan: MLAVerifyPlan, layout: PlanLayout | None = None) -> tuple[int, int]:
     """(splits merged per load, output columns per program) of the combine for ``plan``: of
     ``COMBINE_SHAPES``, the widest whose programs (packed rows x 512 / columns) are at least
-    ``COMBINE_PROGRAMS`` (the narrowest where none is); ``COMBINE_NARROW`` for a CUDA graph's grid."""
-    if fixed_grid:
-        return COMBINE_NARROW
+    ``COMBINE_PROGRAMS`` (the narrowest where none is).
+
+    layout: a CUDA graph's fixed layout (None: an eager plan). Its grid is captured once for every
+    later plan, so the shape follows the layout's packed rows: ``COMBINE_WIDE`` up to
+    ``GRAPH_WIDE_MAX_ROWS``, ``COMBINE_NARROW`` past them."""
+    if layout is not None:
+        graph_rows = layout.max_row_blocks * plan.config.block_m
+        return COMBINE_WIDE if graph_rows <= GRAPH_WIDE_MAX_ROWS else COMBINE_NARROW
     rows = plan.num_row_blocks * plan.config.block_m
     fits = [s for s in COMBINE_SHAPES if rows * (V_HEAD_DIM // s[1]) >= COMBINE_PROGRAMS]
     return fits[-1] if fits else COMBINE_SHAPES[0]
@@ -309,6 +318,7 @@ def run_split_and_combine(
     if (cfg.block_m, cfg.block_n, cfg.keys_as_m) != (variant.block_m, BLOCK_N, variant.keys_as_m):
         raise ValueError(f"Expected a plan made for {variant.describe()}, got one for {cfg.describe()}")
     fixed_grid = layout is not None
+    shape = combine_shape(plan, layout)
     layout = layout or PlanLayout.exact(plan)
     if layout.max_work == 0:
         return
@@ -335,7 +345,7 @@ def run_split_and_combine(
     )
     if plan.needs_combine or fixed_grid:
         launch_combine(out, partial_o, partial_lse, plan_tensors, qo_indptr, plan.num_heads, layout.max_row_blocks, bm,
-                       V_HEAD_DIM, *combine_shape(plan, fixed_grid))
+                       V_HEAD_DIM, *shape)
 
 
 def compile_for_sm90(causal: bool = False, variant: Variant = DEFAULT_VARIANT, contiguous: bool = False):

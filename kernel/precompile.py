@@ -207,9 +207,9 @@ def run_probe(device, num_heads, draft, head_dim, v_head_dim, dtype, mode, max_b
     launched = []
     fixed = mode == "graph"
     if wrapper.path == "hopper":
-        if plan.needs_combine or fixed:
-            launched.append(hopper.combine_shape(plan, fixed))
         ws, meta = wrapper._workspace, wrapper._meta
+        if plan.needs_combine or fixed:
+            launched.append(hopper.combine_shape(plan, ws.layout if fixed else None))
         rows = ws.layout.max_row_blocks if fixed else plan.num_row_blocks
         for shape in combines or ():
             if shape not in launched and plan.needs_combine:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kernel import hopper, mla_verify_attention
-from kernel.plan import HeadDims
+from kernel.plan import HeadDims, PlanLayout
 from tests.kernel.oracle import random_tree, reference
 
 SHARED_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
@@ -328,14 +328,20 @@ def test_auto_dispatches_hopper_and_plans_triton_for_int64_indices():
 def test_combine_shape_launches_about_a_thousand_programs_outside_graphs():
     """Each plan takes the shape measured fastest for it (NOTES, "The combine's shape"): 16 or 64 rows
     with ~128 splits take every split in one load over 32 columns; 128 rows of 64 splits (64, 64);
-    1024 or more rows of few splits whole rows, 8 splits a load; graph plans keep the narrow shape."""
+    1024 or more rows of few splits whole rows, 8 splits a load; a graph's shape follows its layout's
+    rows: the wide one up to GRAPH_WIDE_MAX_ROWS, the narrow one past them, whatever the plan."""
     assert hopper.combine_shape(hopper.make_plan([1], [65536], 16, 132)) == hopper.COMBINE_WIDE
     assert hopper.combine_shape(hopper.make_plan([8], [65536], 8, 132)) == hopper.COMBINE_WIDE
     assert hopper.combine_shape(hopper.make_plan([8], [65536], 16, 132)) == (64, 64)  # 2 blocks x 64 splits
     assert hopper.combine_shape(hopper.make_plan([8], [65536], 32, 132)) == hopper.COMBINE_NARROW
     assert hopper.combine_shape(hopper.make_plan([8], [65536], 128, 132)) == (8, 512)  # 16 blocks x 9 splits
     assert hopper.combine_shape(hopper.make_plan([1] * 16, [4096] * 16, 128, 132)) == (8, 512)
-    assert hopper.combine_shape(hopper.make_plan([1], [65536], 16, 132), fixed_grid=True) == hopper.COMBINE_NARROW
+    one = hopper.make_plan([1], [65536], 16, 132)
+    assert hopper.combine_shape(one, PlanLayout(1, 132, 1)) == hopper.COMBINE_WIDE  # a B=1 decode bucket: 16 rows
+    assert hopper.combine_shape(one, PlanLayout(4, 132, 4)) == hopper.COMBINE_WIDE  # 64 rows
+    assert hopper.combine_shape(one, PlanLayout(8, 132, 8)) == hopper.COMBINE_NARROW  # 128 rows
+    many = hopper.make_plan([1] * 16, [4096] * 16, 128, 132)
+    assert hopper.combine_shape(many, PlanLayout(1, 132, 1)) == hopper.COMBINE_WIDE  # the layout decides
     for shape in hopper.COMBINE_SHAPES:  # a load's [splits, columns] tile: at most 64 fp32 per thread of 4 warps
         assert shape[0] * shape[1] <= 64 * 128 and hopper.V_HEAD_DIM % shape[1] == 0
 

@@ -76,7 +76,8 @@ def test_warmup_covers_every_hopper_variant_and_is_cheap_the_second_time(num_hea
     eager = [p for p in report.probes if p.mode == "eager"]
     assert {p.config for p in eager} == variants and all(p.path == "hopper" for p in report.probes)
     assert all(set(p.combine) == set(hopper.COMBINE_SHAPES) for p in eager)
-    assert {p.combine for p in report.probes if p.mode == "graph"} == {(hopper.COMBINE_NARROW,)}
+    graph_shape = hopper.COMBINE_WIDE if max_draft * num_heads <= hopper.GRAPH_WIDE_MAX_ROWS else hopper.COMBINE_NARROW
+    assert {p.combine for p in report.probes if p.mode == "graph"} == {(graph_shape,)}
     again = warmup("cuda", num_heads, max_draft)
     assert again.new_kernels == 0, again.summary()
     assert again.seconds < max(1.0, report.seconds)
