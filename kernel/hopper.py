@@ -77,9 +77,9 @@ SEESAW_CONSUMER_REGS = 256  # the seesaw kernel's second warpgroup (a worker par
 # of 4 splits (B=16 H=128): 35.3 -> 10.9 µs against (32, 128); (128, 8) 64k: 24.6 -> 12.2.
 # A CUDA graph's grid is fixed at capture, when the real plan's rows and splits are not known: the
 # shape follows the layout's rows. Up to GRAPH_WIDE_MAX_ROWS (a decode bucket of one request: 16 heads
-# over ~128 splits at 64k) the merge takes every split in one load over 32 columns (dsv3-tp8 B=1 64k:
-# 551 -> 252 µs of merges per step against (32, 128)); past it the rows have few splits each
-# and (32, 128) measured faster.
+# over ~128 splits at 64k) the merge takes every split in one load over 32 columns (that plan alone,
+# eager: 16.4 -> 8.7 µs against (32, 128); phases/kernel/NOTES.md); past it the rows have few splits
+# each and (32, 128) measured faster.
 COMBINE_WIDE = (256, 32)
 COMBINE_NARROW = (32, 128)
 GRAPH_WIDE_MAX_ROWS = 64
