@@ -92,11 +92,13 @@ def gpu_of(machine: MachineInfo) -> str:
     return f"{machine.hostname} (no GPU)"
 
 
+_OUTCOME_WORDS = {"PASS": "passed", "FAIL": "failed", "ERROR": "errored", "BLOCKED": "blocked",
+                  "SKIPPED": "skipped"}
+
+
 def _counted(run: RunRecord) -> str:
-    words = {"PASS": "passed", "FAIL": "failed", "ERROR": "errored", "BLOCKED": "blocked",
-             "SKIPPED": "skipped"}
-    parts = [f"{n} gate{'s' if n != 1 else ''} {words[outcome]}" if i == 0
-             else f"{n} {words[outcome]}"
+    parts = [f"{n} gate{'s' if n != 1 else ''} {_OUTCOME_WORDS[outcome]}" if i == 0
+             else f"{n} {_OUTCOME_WORDS[outcome]}"
              for i, (outcome, n) in enumerate(run.gate_counts().items())]
     return ", ".join(parts)
 
@@ -104,24 +106,40 @@ def _counted(run: RunRecord) -> str:
 def describe_phase(status: str, runs: PhaseRuns | None, hostname: str | None = None) -> str:
     """``failed on NVIDIA H200 (run …); blocked here (run …, 1 gate passed, 3 blocked)``, and
     ``; evidence: PASS on NVIDIA H200 (run …), waiting on kernel`` for a phase that waits.
+    A failed or blocked status names only a run whose outcome agrees with it; a newest verdict
+    that does not (a pass whose checkpoint never came) follows as ``; last passed on …``.
     ``hostname``: this machine's, so its own runs read ``here``."""
     text = status
     if runs is None:
         return text
-    verdict = runs.verdict
-    if verdict is not None and status in ("failed", "blocked") and verdict.meta.recorded:
-        text += f" on {gpu_of(verdict.machine)} (run {verdict.folder})"
-    blocked = runs.blocked
-    if blocked is not None and (verdict is not None or status != "blocked"):
-        where = "here" if hostname and blocked.machine.hostname == hostname else f"on {gpu_of(blocked.machine)}"
-        text += f"; blocked {where} (run {blocked.folder}, {_counted(blocked)})"
-    elif blocked is not None:
-        text += f" (run {blocked.folder}, {_counted(blocked)})"
+    cause = runs.cause(status)
+    if cause is not None and cause is runs.verdict:
+        text += f" on {gpu_of(cause.machine)} (run {cause.folder})"
+    text += _blocked_text(runs.blocked, cause, hostname)
+    text += _other_verdict_text(status, runs.verdict, cause)
     evidence = runs.evidence
     if evidence is not None:
         reason = f", {evidence.meta.reason}" if evidence.meta.reason else ""
         text += f"; evidence: {evidence.outcome} on {gpu_of(evidence.machine)} (run {evidence.folder}){reason}"
     return text
+
+
+def _blocked_text(blocked: RunRecord | None, cause: RunRecord | None, hostname: str | None) -> str:
+    """The newest blocked run: as the status itself when it is the cause, else as an aside."""
+    if blocked is None:
+        return ""
+    if blocked is cause:
+        return f" (run {blocked.folder}, {_counted(blocked)})"
+    where = "here" if hostname and blocked.machine.hostname == hostname else f"on {gpu_of(blocked.machine)}"
+    return f"; blocked {where} (run {blocked.folder}, {_counted(blocked)})"
+
+
+def _other_verdict_text(status: str, verdict: RunRecord | None, cause: RunRecord | None) -> str:
+    """A failed or blocked phase's newest verdict when it is not the cause: worth naming, as the
+    newest run that decided anything, but never worded as the reason for the status."""
+    if verdict is None or verdict is cause or status not in ("failed", "blocked"):
+        return ""
+    return f"; last {_OUTCOME_WORDS[verdict.outcome]} on {gpu_of(verdict.machine)} (run {verdict.folder})"
 
 
 def phase_headline(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,

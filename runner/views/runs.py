@@ -289,6 +289,18 @@ class PhaseRuns:
         newest blocked run."""
         return self.verdict or self.evidence or self.blocked
 
+    def cause(self, status: str) -> RunRecord | None:
+        """The run whose outcome a ``failed`` or ``blocked`` status reads as: the verdict when it
+        did not pass, the newest blocked run for ``blocked``. ``None`` when no run agrees with
+        the status: a passing verdict (its checkpoint refused, the phase re-opened) explains
+        neither, and a failing one says nothing of what blocks."""
+        verdict = self.verdict
+        if status == "failed" and verdict is not None and verdict.meta.recorded and verdict.outcome != "PASS":
+            return verdict
+        if status == "blocked":
+            return self.blocked
+        return None
+
 
 def phase_runs(scan: RunScan) -> dict[str, PhaseRuns]:
     """``PhaseRuns`` of every phase that has runs, from a scan (oldest first)."""

@@ -7,6 +7,7 @@ import json
 
 from runner.errors import ExitCode
 from runner.plan.load import load_plan
+from runner.plan.rewrite import PhaseUpdate, render_updates
 from tests.runner.repo_fixtures import (
     METRICS_OK,
     cli,
@@ -167,3 +168,37 @@ def test_an_interrupted_run_does_not_become_the_verdict(tmp_path, runner_env):
     (later / "run.json").write_text(json.dumps({"role": "run", "recorded": False, "reason": "interrupted"}))
     runs = phase_runs(find_runs(repo.root, "demo"))["alpha"]
     assert runs.verdict.path.parent == gpu_run
+
+
+def _passed_on_gpu_then_blocked_here(tmp_path, runner_env):
+    """alpha passes on the GPU but its check edits the tree, so no checkpoint is made and the
+    plan says failed; the phase is re-opened and a CPU machine records ``blocked``."""
+    phases = default_phases()
+    phases[0]["gates"] = [
+        gate("build", "build", "echo building"),
+        gate("check", "verify", "echo '# touched' >> src/code.py; " + METRICS_OK, requires=["cuda"],
+             expect={"speedup": ">= 1.5"}),
+    ]
+    repo = make_repo(tmp_path / "repo", phases)
+    runner_env.setenv("RUNNER_DEVICES", "cpu,cuda")
+    assert cli(runner_env, repo.root, "advance").exit_code == ExitCode.GATE_FAILED
+    [passed] = list((repo.root / "reports" / "demo" / "alpha").iterdir())
+    assert json.loads((passed / "results.json").read_text())["phases"][0]["outcome"] == "PASS"
+    repo.git("checkout", "--", "src/code.py")
+    repo.plan.write_text(render_updates(load_plan(repo.plan), {"alpha": PhaseUpdate("pending")}))
+    repo.git("add", "-A")
+    repo.git("commit", "-q", "-m", "the GPU run, alpha re-opened")
+    runner_env.setenv("RUNNER_DEVICES", "cpu")
+    assert cli(runner_env, repo.root, "advance").exit_code == ExitCode.BLOCKED
+    assert load_plan(repo.plan).plan.phase("alpha").status == "blocked"
+    return repo, passed.name
+
+
+def test_a_passing_run_never_reads_as_why_a_phase_is_blocked(tmp_path, runner_env):
+    repo, passed = _passed_on_gpu_then_blocked_here(tmp_path, runner_env)
+    runner_env.setattr("socket.gethostname", lambda: "testhost")
+    status = cli(runner_env, repo.root, "status")
+    line = next(line for line in status.stdout.splitlines() if "alpha:" in line)
+    assert f"blocked on Test GPU (run {passed})" not in line
+    assert "alpha: blocked (run " in line and "1 gate passed, 1 blocked" in line
+    assert f"; last passed on Test GPU (run {passed})" in line
