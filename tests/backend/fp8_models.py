@@ -52,6 +52,18 @@ def block_quantize(w: torch.Tensor, one_scale: bool = False) -> tuple[torch.Tens
     return q, scale
 
 
+def random_block_fp8(n: int, k: int, seed: int, device) -> "BlockFP8Weight":
+    """A random block-FP8 weight [n, k] on ``device``, per-block magnitudes spread over 2**-4 .. 2**4
+    (so a tile's scale matters), quantized by the tests' own code (``block_quantize``)."""
+    from serving.quant.fp8 import BlockFP8Weight
+
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) / k**0.5
+    w *= 2.0 ** torch.randint(-4, 5, (-(-n // 128), -(-k // 128)), generator=gen).repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    q, s = block_quantize(w)
+    return BlockFP8Weight(q.to(device), s.to(device))
+
+
 def block_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """float64 dequantization of one (q, scale_inv) pair, block by block."""
     out = q.double()

@@ -18,18 +18,13 @@ import torch.nn.functional as F
 
 from serving.quant import fp8_gemm, gemm
 from serving.quant.fp8 import BlockFP8Weight, quantize
-from tests.backend.fp8_models import block_dequantize, block_quantize
+from tests.backend.fp8_models import block_dequantize, block_quantize, random_block_fp8
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernel under Triton's interpreter
 
 
 def fp8_weight(n: int, k: int, seed: int) -> BlockFP8Weight:
-    """A random block-FP8 weight [n, k] with per-block magnitudes spread over 2**-4 .. 2**4, quantized by the test's own code."""
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=gen) / k**0.5
-    w *= 2.0 ** torch.randint(-4, 5, (-(-n // 128), -(-k // 128)), generator=gen).repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-    q, s = block_quantize(w)
-    return BlockFP8Weight(q.to(DEVICE), s.to(DEVICE))
+    return random_block_fp8(n, k, seed, DEVICE)
 
 
 @pytest.mark.parametrize("m", [1, 5, 17, 64])
