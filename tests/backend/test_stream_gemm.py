@@ -235,7 +235,7 @@ def test_the_committed_h100_table_reads_and_matches_its_measurements():
     path = stream_tuning.table_path("NVIDIA H100 80GB HBM3")
     assert path.name == "NVIDIA_H100_80GB_HBM3.json"
     cells = stream_tuning.load_table(path)
-    measured = json.loads((ROOT / "docs/data/h100-2026-12-07e/stream_gemm_tune-quick.json").read_text())
+    measured = json.loads((ROOT / "docs/data/h100-2026-12-07f/stream_gemm_tune-wide.json").read_text())
     assert len(cells) == len(measured["cells"]) == 50
     for c in measured["cells"]:
         want = "torch" if c["choice"] == "torch" else StreamConfig(**c["choice"])
