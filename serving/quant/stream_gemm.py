@@ -186,7 +186,7 @@ def _check_inputs(x: torch.Tensor, w: torch.Tensor | BlockFP8Weight, config: Str
                              f"{SCALE_BLOCK}, got block_k {config.block_k} block_n {config.block_n}")
         device = w.q.device
     elif isinstance(w, torch.Tensor):
-        if w.dim() != 2 or w.shape[1] != k or w.dtype != x.dtype or (w.shape[0] > 1 and w.stride(-1) != 1):
+        if w.dim() != 2 or w.shape[1] != k or w.dtype != x.dtype or (k > 1 and w.stride(-1) != 1):  # the kernel steps K by 1
             raise ValueError(f"Expected a dense {x.dtype} weight [N, {k}] with unit column stride, got {w.dtype} "
                              f"{tuple(w.shape)} strides {w.stride()}")
         device = w.device

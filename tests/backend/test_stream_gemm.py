@@ -141,6 +141,8 @@ def test_bad_inputs_are_refused():
         stream_linear(x, w, StreamConfig(256, 256, 4, 2, 8, True))
     with pytest.raises(ValueError, match=r"Expected a dense torch.float32 weight \[N, 128\] with unit column stride, got torch.float16"):
         stream_linear(x, torch.randn(64, 128, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"with unit column stride, got torch.float32 \(1, 128\) strides \(1, 2\)"):
+        stream_linear(x, torch.randn(128, 2, device=DEVICE)[:, :1].T)  # one output row read down a column
     with pytest.raises(ValueError, match=r"Expected out as contiguous torch.float32 \[2, 64\]"):
         stream_linear(x, w, out=torch.empty(2, 65, device=DEVICE))
     with pytest.raises(ValueError, match="Expected w as a torch.Tensor or BlockFP8Weight, got list"):
