@@ -9,23 +9,15 @@ import torch
 
 from serving.quant import stream_gemm
 from serving.quant.fp8 import BlockFP8Weight
-from serving.quant.stream_gemm import MAX_ROWS, StreamConfig  # noqa: F401  (MAX_ROWS: callers' bound)
-
-BLOCK_K = stream_gemm.SCALE_BLOCK
-_COUNTERS = stream_gemm.COUNTERS  # the split-K arrival counters, per device (one dict, shared)
-
-
-def split_k(n: int, k: int, block_n: int, programs: int) -> int:
-    """Programs along K so that about ``programs`` run (at most one per 128-deep K block)."""
-    return stream_gemm.split_k(n, k, block_n, BLOCK_K, programs)
+from serving.quant.stream_gemm import SCALE_BLOCK, StreamConfig
 
 
 def w8_linear(x: torch.Tensor, w: BlockFP8Weight, out: torch.Tensor | None = None, block_n: int = 64,
               programs: int = 264, num_warps: int = 4) -> torch.Tensor:
-    """x [M, K] (M <= MAX_ROWS, unit column stride) times block-FP8 ``w`` [N, K] transposed -> [M, N] in x's dtype.
+    """x [M, K] (M <= stream_gemm.MAX_ROWS, unit column stride) times block-FP8 ``w`` [N, K] transposed -> [M, N] in x's dtype.
 
     out: [M, N] contiguous, x's dtype, written whole. programs: the grid size split-K aims at.
     """
-    config = StreamConfig(block_n=block_n, block_k=BLOCK_K, num_warps=num_warps,
+    config = StreamConfig(block_n=block_n, block_k=SCALE_BLOCK, num_warps=num_warps,
                           num_stages=stream_gemm.DEFAULT_FP8.num_stages, programs=programs, dot=True)
     return stream_gemm.stream_linear(x, w, config, out=out)

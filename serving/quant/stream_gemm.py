@@ -97,6 +97,15 @@ class StreamConfig:
                 f"{'dot' if self.dot else 'rowsum'}")
 
 
+def fp8_tiling_problem(config: StreamConfig) -> str | None:
+    """Why ``config`` cannot stream a block-FP8 weight (None: it can): a tile needs one scale per
+    128-wide sub-block of K and one scale row along N."""
+    if config.block_k % SCALE_BLOCK or SCALE_BLOCK % config.block_n:
+        return (f"for fp8 block_k a multiple of {SCALE_BLOCK} and block_n dividing {SCALE_BLOCK}, "
+                f"got block_k {config.block_k} block_n {config.block_n}")
+    return None
+
+
 # What ``fp8_gemm.w8_linear`` ran before the table: a 64-wide dot tile, 128-deep K blocks.
 DEFAULT_FP8 = StreamConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, programs=264, dot=True)
 
@@ -181,9 +190,9 @@ def _check_inputs(x: torch.Tensor, w: torch.Tensor | BlockFP8Weight, config: Str
         if w.q.dim() != 2 or w.q.shape[1] != k or w.q.dtype != FP8_DTYPE or w.block != SCALE_BLOCK:
             raise ValueError(f"Expected a block-{SCALE_BLOCK} float8_e4m3fn weight [N, {k}], got {w.q.dtype} "
                              f"{tuple(w.q.shape)} block {w.block}")
-        if config.block_k % SCALE_BLOCK or SCALE_BLOCK % config.block_n:
-            raise ValueError(f"Expected for a block-FP8 weight block_k a multiple of {SCALE_BLOCK} and block_n dividing "
-                             f"{SCALE_BLOCK}, got block_k {config.block_k} block_n {config.block_n}")
+        problem = fp8_tiling_problem(config)
+        if problem:
+            raise ValueError(f"Expected {problem}")
         device = w.q.device
     elif isinstance(w, torch.Tensor):
         if w.dim() != 2 or w.shape[1] != k or w.dtype != x.dtype or (k > 1 and w.stride(-1) != 1):  # the kernel steps K by 1

@@ -34,7 +34,7 @@ from typing import Literal
 
 import torch
 
-from serving.quant.stream_gemm import SCALE_BLOCK, StreamConfig
+from serving.quant.stream_gemm import StreamConfig, fp8_tiling_problem
 
 TABLE_DIR = Path(__file__).with_name("tuned")
 ENV = "SERVING_GEMM_TABLE"
@@ -77,19 +77,21 @@ def _fail(path: Path, what: str) -> TableError:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        info = os.stat(path)
+    try:  # non-blocking open, then fstat of what was opened: a FIFO never blocks, a swap cannot slip in
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as error:
         raise _fail(path, f"cannot be read ({error.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise _fail(path, "is not a regular file")  # a FIFO would block the reader, a directory cannot be parsed
-    if info.st_size > MAX_TABLE_BYTES:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TABLE_BYTES:
+        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _fail(path, "is not a regular file")  # a FIFO or a directory cannot be parsed
         raise _fail(path, f"is {info.st_size} bytes, over the {MAX_TABLE_BYTES} a table may hold")
-    try:
-        with open(path, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
+        try:
             raw = json.loads(f.read(MAX_TABLE_BYTES + 1))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise _fail(path, f"is not valid JSON ({error})") from None
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise _fail(path, f"is not valid JSON ({error})") from None
     if not isinstance(raw, dict):
         raise _fail(path, f"expected a JSON object at the top, got {type(raw).__name__}")
     return raw
@@ -105,9 +107,9 @@ def _config(path: Path, where: str, raw: object, kind: str, rows: int) -> Stream
         raise _fail(path, f"{where}: {error}") from None
     if not config.dot and rows != 1:
         raise _fail(path, f"{where}: expected dot true past one row (the row sum takes M == 1), got rows {rows}")
-    if kind == "fp8" and (config.block_k % SCALE_BLOCK or SCALE_BLOCK % config.block_n):
-        raise _fail(path, f"{where}: expected for fp8 block_k a multiple of {SCALE_BLOCK} and block_n dividing "
-                          f"{SCALE_BLOCK}, got block_k {config.block_k} block_n {config.block_n}")
+    problem = fp8_tiling_problem(config) if kind == "fp8" else None
+    if problem:
+        raise _fail(path, f"{where}: expected {problem}")
     return config
 
 

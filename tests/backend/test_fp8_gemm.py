@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from serving.quant import fp8_gemm, gemm
+from serving.quant import fp8_gemm, gemm, stream_gemm
 from serving.quant.fp8 import BlockFP8Weight, quantize
 from tests.backend.fp8_models import block_dequantize, block_quantize, random_block_fp8
 
@@ -53,7 +53,7 @@ def test_split_k_sums_the_same_products():
     w, x = fp8_weight(64, 1024, seed=1), torch.randn(3, 1024).to(DEVICE)
     one = fp8_gemm.w8_linear(x, w, programs=1)
     eight = fp8_gemm.w8_linear(x, w, programs=8)  # one N tile, 8 programs along K
-    assert fp8_gemm.split_k(64, 1024, 64, 8) == 8
+    assert stream_gemm.split_k(64, 1024, 64, 128, 8) == 8
     torch.testing.assert_close(one, eight, atol=1e-5, rtol=1e-5)
 
 
@@ -62,13 +62,13 @@ def test_split_k_sum_is_deterministic_and_leaves_the_counters_zero():
     a second GEMM over the same counters (as a replayed graph's) writes every element again,
     bit for bit the same."""
     w, x = fp8_weight(200, 1024, seed=3), torch.randn(2, 1024).to(DEVICE)
-    assert fp8_gemm.split_k(200, 1024, 64, 16) == 4
+    assert stream_gemm.split_k(200, 1024, 64, 128, 16) == 4
     outs = []
     for _ in range(2):
         out = torch.full((2, 200), float("nan"), device=DEVICE)  # poisoned: the sum must write it whole
         outs.append(fp8_gemm.w8_linear(x, w, out=out, programs=16))
         assert not torch.isnan(out).any()
-        assert not fp8_gemm._COUNTERS[x.device].any()
+        assert not stream_gemm.COUNTERS[x.device].any()
     assert torch.equal(outs[0], outs[1])
     truth = x.cpu().double() @ block_dequantize(w.q.cpu(), w.scale_inv.cpu()).T
     assert (outs[0].cpu().double() - truth).abs().max().item() <= 1e-5 * truth.abs().max().item()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from serving.quant import stream_tuning
 from serving.quant.fp8 import quantize
-from serving.quant.stream_gemm import DEFAULT_FP8, SCALE_BLOCK, StreamConfig, stream_linear
+from serving.quant.stream_gemm import DEFAULT_FP8, StreamConfig, fp8_tiling_problem, stream_linear
 
 ROWS = stream_tuning.ROW_BUCKETS
 KINDS = stream_tuning.WEIGHT_KINDS
@@ -60,7 +60,7 @@ def fits(config: StreamConfig, kind: str, rows: int) -> bool:
     """Whether ``stream_linear`` takes ``config`` for this weight kind and row count."""
     if not config.dot and rows != 1:
         return False
-    return kind != "fp8" or (config.block_k % SCALE_BLOCK == 0 and SCALE_BLOCK % config.block_n == 0)
+    return kind != "fp8" or fp8_tiling_problem(config) is None
 
 
 def candidate_grid(kind: str, rows: int, sms: int) -> list[StreamConfig]:
