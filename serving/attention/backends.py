@@ -82,6 +82,10 @@ class AttentionBackend:
     def init_forward_metadata_replay_cuda_graph(self, key, batch: ForwardBatch) -> None:
         raise NotImplementedError(f"the {self.name} backend cannot be captured in a CUDA graph")
 
+    def plans_on_device(self, key) -> bool:
+        """Whether ``key``'s graph plans its attention itself (the base plans nothing: no graphs)."""
+        return False
+
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         raise NotImplementedError
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from serving.attention.backends import AttentionBackend
 from serving.device.timing import synchronize
-from serving.engine.model_runner import ModelRunner
+from serving.engine.model_runner import ModelRunner, StepOutputs
 from serving.kv.batch import StepBatch, StepEntry
 from serving.kv.pool import KVPool, PoolExhausted, TableFull
 from serving.model.deepseek_v3 import DeepseekV3Model
@@ -147,6 +147,7 @@ class Engine:
         if self.mtp_topk and runner.mtp is None:  # an engine built by hand, past serving.stack's check
             raise ValueError("Expected a model with an MTP module (num_nextn_predict_layers >= 1) for an mtp: drafter, got one without")
         self._mtp = "after" if self.mtp_topk else ""
+        self._drafting_ahead = False  # a draft step launched behind the last verify step is in flight
 
     @property
     def model(self) -> DeepseekV3Model:
@@ -287,8 +288,10 @@ class Engine:
         device = self.model.device
         self.backend.timer.enabled = self.profile
         self.backend.timer.reset()
-        synchronize(device)
+        if not self._drafting_ahead:  # a draft step launched ahead runs on: the host prepares meanwhile
+            synchronize(device)
         t0 = time.perf_counter()
+        self._drafting_ahead = False
         trees = self.drafter.propose(DraftContext(self.runner), live) if self.drafter is not None else [DraftTree() for _ in live]
         entries = []
         for k, (req, tree) in enumerate(zip(live, trees)):
@@ -322,7 +325,7 @@ class Engine:
             raise ValueError("Expected the pending drafts of one step to come from one draft step, got trees of several")
         source = sources[0] if sources else None
         result = self.runner.run(StepBatch(kind, step_entries, accept=True, mtp=self._mtp, topk=self.mtp_topk, sample=sample,
-                                           device_tokens=source))
+                                           device_tokens=source), then=self._launch_ahead)
         for b, (req, tree, slots) in enumerate(entries):
             path = result.path[b]
             keep = [slots[cell] for cell in path]
@@ -342,10 +345,18 @@ class Engine:
                 ties = [result.near_tie[b][cell] for cell in path]
             self._emit(req, emitted, gaps, ties)
             self.stats.emitted += len(req.output) - before
-        synchronize(device)
+        if not self._drafting_ahead:
+            synchronize(device)
         self.stats.step_s += time.perf_counter() - t0
         self.stats.attention_s += self.backend.timer.total_s() if self.profile else 0.0
         self.stats.steps += 1
+
+    def _launch_ahead(self, outputs: StepOutputs) -> None:
+        """The verify step's ``then``: the drafter queues its next chain step behind it, where it
+        can (``MTPDrafter.launch_ahead``); not while profiling (the attention timers sync)."""
+        launch = getattr(self.drafter, "launch_ahead", None)
+        if launch is not None and not self.profile:
+            self._drafting_ahead = bool(launch(DraftContext(self.runner), outputs))
 
     def run(self, requests: list[Request], progress: Callable[[int, int], None] | None = None) -> list[Request]:
         """Prefill each request, then step the batch until every request finished or failed."""

@@ -27,6 +27,12 @@ Decisions:
   results. The host prepares the verify step while the device drafts, and a speculative step
   waits for the device once. ``launch`` refuses an accepting step: its results change the
   slot table, which the host must know before the next step.
+- An accepting step's ``run`` may take a ``then``: called once the step is queued and its
+  results' copy to pinned memory is queued behind it, before the host waits on that copy. The
+  MTP drafter queues its next chain step there (``serving.speculation.chain_ahead``), its
+  lengths and first tokens shifted on the device by the step's acceptance (``launch``'s
+  ``adjust``, only for a capture that plans its attention on the device), so the device drafts
+  while the host reads and prepares.
 - Graph replay belongs to the runner that captured it: the runner is built with a
   ``replay`` factory (``serving.graphs.CudaGraphs``), calls it once at the end of its own
   construction, and keeps what it returns as ``graphs``; nothing is attached later. That
@@ -96,6 +102,42 @@ def pack_outputs(outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.
     return torch.cat(ints), gap.float()
 
 
+def output_offsets(shape: StepShape, rows: int, batch: int) -> dict[str, int]:
+    """Where each integer output of ``pack_outputs`` starts in the packed tensor of a step of
+    ``shape`` padded to ``rows`` tokens and ``batch`` entries (``unpack_outputs``' order); an
+    output the shape does not compute is absent."""
+    at, offsets = rows, {"pred": 0}
+    if shape.accept:
+        offsets["n_accepted"], offsets["bonus"], offsets["order"] = at, at + batch, at + 2 * batch
+        at += 2 * batch + batch * shape.width
+    row_topk = shape.topk if shape.mtp != "after" else 0
+    if row_topk:
+        offsets["topk"] = at
+        at += rows * row_topk
+    if shape.mtp == "after":
+        offsets["mtp_topk"] = at
+    return offsets
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """An accepting step's packed integer outputs on the device, before the host reads them
+    (``ModelRunner.run``'s ``then``): ``ints`` (``pack_outputs``), the step's shape and padded
+    sizes; ``offset(name)`` says where an output starts (``output_offsets``)."""
+
+    step: StepBatch
+    ints: torch.Tensor
+    shape: StepShape
+    rows: int
+    batch: int
+
+    def offset(self, name: str) -> int:
+        offsets = output_offsets(self.shape, self.rows, self.batch)
+        if name not in offsets:
+            raise ValueError(f"Expected an output the step computes ({sorted(offsets)}), got {name!r}")
+        return offsets[name]
+
+
 def unpack_outputs(ints: torch.Tensor, gap: torch.Tensor, step: StepBatch, shape: StepShape, rows: int, batch: int) -> StepResult:
     """Host ``StepResult`` from ``pack_outputs``' tensors (on the CPU) of a step padded to
     ``rows`` tokens and ``batch`` entries."""
@@ -146,12 +188,16 @@ class StepReplay(Protocol):
 
     replays: int
 
-    def try_replay(self, step: StepBatch) -> StepResult | None:
-        """The step's results from a captured graph; None when no capture holds it."""
+    def try_start(self, step: StepBatch) -> tuple[torch.Tensor, torch.Tensor, StepShape, int, int] | None:
+        """The step replayed, not read: (``pack_outputs``' tensors, shape, padded rows, padded
+        entries); None when no capture holds it."""
 
-    def try_launch(self, step: StepBatch) -> torch.Tensor | None:
-        """The step replayed without reading it: its rows' tokens (int64 [>= N], on the device); None
-        when no capture holds it."""
+    def try_launch(self, step: StepBatch, adjust: Callable[[ForwardBatch], None] | None = None) -> torch.Tensor | None:
+        """The step replayed without reading it (``adjust`` applied to its device fields first):
+        its rows' tokens (int64 [>= N], on the device); None when no capture holds it."""
+
+    def plans_on_device(self, step: StepBatch) -> bool:
+        """Whether the capture that holds ``step`` reads nothing of its lengths from the host."""
 
 
 class ModelRunner:
@@ -171,6 +217,7 @@ class ModelRunner:
         self.device = model.device
         self.graphs: StepReplay | None = None
         self._pending_read: tuple[StepBatch, list, torch.Tensor] | None = None  # prepare() -> run()
+        self.generation = 0  # counts run() and extend() steps: a drafter's launch ahead is for the state after one
         # The MTP module's state between steps (serving.speculation.mtp); None without the module.
         self.mtp = MTPState(pool.table.rows.shape[0], model.cfg.hidden_size, model.dtype, model.device) if model.has_mtp else None
         # Tables for every position a request can reach, once: a captured step cannot grow them.
@@ -235,6 +282,12 @@ class ModelRunner:
             return
         _, cells, host = pending
         step.take_pending(host.tolist(), cells)
+
+    def build_kv_indices_from_fields(self, batch: ForwardBatch) -> None:
+        """On a CPU device, ``kv_indices`` again from the batch's fields as they are now (``prepare``
+        built them from the host's values; ``launch``'s ``adjust`` may have changed the lengths)."""
+        f = batch.fields
+        self._build_kv_indices(batch, host=(f["rows"].tolist(), f["prefix_lens"].tolist(), f["tail_indptr"].diff().tolist()))
 
     def _build_kv_indices(self, batch: ForwardBatch, host=None) -> None:
         f = batch.fields
@@ -317,30 +370,73 @@ class ModelRunner:
 
     # ---- steps ---------------------------------------------------------------------------
 
-    def run(self, step: StepBatch) -> StepResult:
-        """A decode, verify or draft step; graph replay where a captured bucket holds it."""
+    def run(self, step: StepBatch, then: Callable[[StepOutputs], None] | None = None) -> StepResult:
+        """A decode, verify or draft step; graph replay where a captured bucket holds it.
+
+        then: for an accepting step, called with its outputs on the device after it is queued and
+        before the host waits for it (a drafter queues its next draft step behind it there); the
+        results are copied out before ``then`` queues anything, so its work does not delay them."""
         if step.kind == "extend":
             raise ValueError("Expected a decode or verify step, got an extend step (use extend())")
-        result = self.graphs.try_replay(step) if self.graphs is not None else None
-        if result is None:
+        self.generation += 1
+        started = self.graphs.try_start(step) if self.graphs is not None else None
+        if started is None:
             shape = StepShape.of(step)
             batch = self.prepare(step)
             self.backend.init_forward_metadata(batch)
             ints, gap = self.forward_step(batch, shape)
-            result = unpack_outputs(ints.cpu(), gap.cpu(), step, shape, batch.num_tokens, batch.batch_size)
+            started = (ints, gap, shape, batch.num_tokens, batch.batch_size)
+        ints, gap, shape, rows, padded_batch = started
+        if then is not None and step.accept:
+            host_ints, host_gap, copied = self._copy_out(ints, gap)
+            then(StepOutputs(step, ints, shape, rows, padded_batch))
+            if copied is not None:
+                copied.synchronize()
+        else:
+            host_ints, host_gap = ints.cpu(), gap.cpu()
+        result = unpack_outputs(host_ints, host_gap, step, shape, rows, padded_batch)
         if step.device_tokens is not None:
             self._read_pending(step)
         self._keep_candidates(step, result)
         return result
 
-    def launch(self, step: StepBatch) -> torch.Tensor:
+    def _copy_out(self, ints: torch.Tensor, gap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, "torch.cuda.Event | None"]:
+        """The step's outputs on their way to the host: pinned copies queued now and the event that
+        marks them done (CUDA), or the values themselves (CPU: the step has run)."""
+        if self.device.type != "cuda":
+            return ints.clone(), gap.clone(), None
+        host_ints = torch.empty(ints.shape, dtype=ints.dtype, pin_memory=True)
+        host_gap = torch.empty(gap.shape, dtype=gap.dtype, pin_memory=True)
+        host_ints.copy_(ints, non_blocking=True)
+        host_gap.copy_(gap, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return host_ints, host_gap, copied
+
+    def plans_on_device(self, step: StepBatch) -> bool:
+        """Whether ``step`` would replay from a capture that reads none of its lengths from the host
+        (its attention planned inside the graph): the fields it reads may then be changed on the
+        device after ``prepare`` (``launch``'s ``adjust``)."""
+        return self.graphs is not None and self.graphs.plans_on_device(step)
+
+    def launch(self, step: StepBatch, adjust: Callable[[ForwardBatch], None] | None = None) -> torch.Tensor:
         """A drafter's step started and not read: int64 [>= N] on the device, the token after each of
         its rows (``StepResult.pred``: entries' rows in order, padding after). The tensor holds them
         until the next step of the same bucket runs; read it, or hand it to the verify step as
-        ``StepBatch.device_tokens``, before then."""
+        ``StepBatch.device_tokens``, before then.
+
+        adjust: device work on the step's fields after they are copied and before the step runs
+        (values the host does not know yet, computed from an earlier step's outputs); only for a
+        step that ``plans_on_device`` (ValueError otherwise: a host plan would be of the host's
+        values)."""
         if step.kind == "extend" or step.accept:
             raise ValueError(f"Expected a decode or verify step that accepts nothing for launch(), got a {step.kind} step "
                              f"with accept={step.accept} (run() it: its results change the slot table)")
+        if adjust is not None:
+            if not self.plans_on_device(step):
+                raise ValueError("Expected a step replayed from a capture that plans on the device for launch(adjust=...), "
+                                 "got one planned on the host or run eagerly (its plan would be of the host's lengths)")
+            return self.graphs.try_launch(step, adjust)
         pred = self.graphs.try_launch(step) if self.graphs is not None else None
         if pred is None:
             shape = StepShape.of(step)
@@ -355,6 +451,7 @@ class ModelRunner:
         """A prefill step (eager); returns float32 logits of ``step.logits_rows`` (None: none asked)."""
         if step.kind != "extend":
             raise ValueError(f"Expected an extend step, got {step.kind!r}")
+        self.generation += 1
         batch = self.prepare(step)
         if self.device.type == "cuda":
             self._build_kv_indices(batch)

@@ -59,8 +59,8 @@ class LockstepRunner(ModelRunner):
         self.steps = 0
         super().__init__(model, pool, backend, replay)
 
-    def run(self, step: StepBatch) -> StepResult:
-        result = super().run(step)
+    def run(self, step: StepBatch, then=None) -> StepResult:
+        result = super().run(step, then)
         self.steps += 1
         if self.tp.check_steps:
             self.tp.assert_same(step_tokens(result), f"the tokens of step {self.steps} ({step.kind})")

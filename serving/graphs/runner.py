@@ -41,7 +41,7 @@ from serving.graphs.buckets import (
     keys_for,
     placeholder_step,
 )
-from serving.kv.batch import ForwardBatch, PackedStep, StepBatch, StepLayout
+from serving.kv.batch import ForwardBatch, PackedStep, StepBatch, StepLayout, StepShape
 from serving.speculation.drafters import Drafter
 
 
@@ -55,6 +55,7 @@ class Captured:
     device_buffer: torch.Tensor
     batch: ForwardBatch
     outputs: tuple[torch.Tensor, torch.Tensor]
+    copied: "torch.cuda.Event | None" = None  # the last copy of ``packed.host`` to the device
 
 
 @dataclass
@@ -158,11 +159,22 @@ class CudaGraphRunner:
             return None  # past the rope tables the graphs read (a growth would move them)
         return key_for(step, self._layouts)
 
-    def replay_into(self, step: StepBatch, key: GraphKey) -> Captured:
+    def replay_into(self, step: StepBatch, key: GraphKey, adjust=None) -> Captured:
         """Host side and replay of ``step`` on ``key``'s graph, without reading the results (no
-        host sync: the replay gate checks this under ``torch.cuda.set_sync_debug_mode``)."""
+        host sync: the replay gate checks this under ``torch.cuda.set_sync_debug_mode``).
+        ``adjust(batch)``: device work on the static fields between their copy and the replay."""
         cap = self.graphs[key]
+        if cap.copied is not None and not cap.copied.query():
+            # A step launched ahead of a read may leave its copy queued: refill the host buffer after it.
+            cap.copied.synchronize()
         batch = self.runner.prepare(step, cap.packed, cap.device_buffer, self.kv_indices)
+        if cap.graph is not None:
+            cap.copied = torch.cuda.Event()
+            cap.copied.record()
+        if adjust is not None:
+            adjust(batch)
+            if cap.graph is None and self.runner.device.type != "cuda":  # CPU: prepare() built them from the host's values
+                self.runner.build_kv_indices_from_fields(batch)
         self.runner.backend.init_forward_metadata_replay_cuda_graph(key, batch)
         if cap.graph is None:
             cap.outputs = self.runner.forward_step(cap.batch, key.family.shape)
@@ -187,17 +199,35 @@ class CudaGraphRunner:
         self.last_key = key
         return self.read(step, key)
 
-    def try_launch(self, step: StepBatch) -> torch.Tensor | None:
-        """Replay ``step`` on its bucket's graph without reading it: int64 [rows] on the device, each
-        row's token (the graph's static output: valid until the bucket replays again); None when no
-        captured bucket holds it."""
+    def try_start(self, step: StepBatch) -> tuple[torch.Tensor, torch.Tensor, StepShape, int, int] | None:
+        """Replay ``step`` on its bucket's graph without reading it: (``pack_outputs``' tensors, the
+        bucket's shape, rows and entries); None when no captured bucket holds it."""
         key = self.key_for(step)
         if key is None:
             self.eager_steps += 1
             return None
         cap = self.replay_into(step, key)
         self.last_key = key
+        ints, gap = cap.outputs
+        return ints, gap, key.family.shape, cap.layout.tokens, cap.layout.batch
+
+    def try_launch(self, step: StepBatch, adjust=None) -> torch.Tensor | None:
+        """Replay ``step`` on its bucket's graph without reading it: int64 [rows] on the device, each
+        row's token (the graph's static output: valid until the bucket replays again); None when no
+        captured bucket holds it. ``adjust``: as ``replay_into``'s."""
+        key = self.key_for(step)
+        if key is None:
+            self.eager_steps += 1
+            return None
+        cap = self.replay_into(step, key, adjust)
+        self.last_key = key
         return cap.outputs[0][: cap.layout.tokens]
+
+    def plans_on_device(self, step: StepBatch) -> bool:
+        """Whether the bucket that holds ``step`` plans its attention inside its graph (nothing of
+        the step's lengths is read on the host); False when none holds it."""
+        key = self.key_for(step)
+        return key is not None and self.runner.backend.plans_on_device(key)
 
     def attention_graph(self, key: GraphKey, layers: int) -> torch.cuda.CUDAGraph:
         """A graph of only the attention calls of ``key``'s step (random queries, the plan and

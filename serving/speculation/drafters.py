@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from serving.kv.batch import StepBatch, StepEntry, StepShape
 from serving.kv.pool import PoolExhausted
+from serving.speculation.chain_ahead import ChainAhead, shift_by_acceptance
 from serving.speculation.mtp import MAX_MTP_WIDTH
 from serving.speculation.ngram_index import NgramIndex, NgramIndexes
 from serving.speculation.tree import MAX_DRAFT_TOKENS, DraftTree, pending
 
 if TYPE_CHECKING:
-    from serving.engine.model_runner import ModelRunner
+    from serving.engine.model_runner import ModelRunner, StepOutputs
     from serving.kv.pool import KVPool
 
 
@@ -102,6 +103,9 @@ class Drafter(Protocol):
     draft_steps(num_layers): the device steps ``propose`` issues on a model of that depth.
     propose(ctx, requests): one tree per request, in order; every slot it allocated is freed
     (or kept as its own rows) before it returns.
+    Optional, ``launch_ahead(ctx, outputs) -> bool``: called by the engine with a verify step's
+    outputs still on the device (``serving.engine.model_runner.StepOutputs``), before the host
+    reads them; a drafter may queue the next proposal's device step there (``MTPDrafter``).
     """
 
     max_drafts: int
@@ -220,15 +224,55 @@ class MTPDrafter:
     """Drafts with the model's MTP module: the top-``width`` tokens after the request's last
     one (from the target's previous step), each chained greedily to ``depth`` tokens by the
     module re-fed its own output state (SGLang's NextN; ``width`` 1 is its chain). If the pool
-    cannot hold the chains' scratch rows, drafts only the first level."""
+    cannot hold the chains' scratch rows, drafts only the first level. ``ahead``: the chain step
+    of the next proposal is launched behind the verify step where it can be
+    (``launch_ahead``, ``serving.speculation.chain_ahead``); False: after the read only."""
 
-    def __init__(self, width: int = 1, depth: int = 3) -> None:
+    def __init__(self, width: int = 1, depth: int = 3, ahead: bool = True) -> None:
         _check_shape(width, depth)
         if width > MAX_MTP_WIDTH:
             raise ValueError(f"Expected an MTP tree of width <= {MAX_MTP_WIDTH}, got mtp:{width}x{depth}")
         self.width, self.depth = width, depth
         self.max_drafts = width * depth
         self.fused_topk = width
+        self.ahead = ahead  # launch the chain step behind the verify step (serving.speculation.chain_ahead)
+        self._launched: ChainAhead | None = None
+        self.launches_ahead = 0  # chain steps launched behind a verify step
+        self.proposals_ahead = 0  # proposals that took them
+
+    def launch_ahead(self, ctx: DraftContext, outputs: "StepOutputs") -> bool:
+        """Queue the next proposal's chain step behind the verify step of ``outputs`` (not read
+        yet), its lengths and first tokens taken from that step on the device
+        (``serving.speculation.chain_ahead``); True when launched. Not where the chain step's
+        capture plans on the host, nor when the pool cannot hold its scratch rows."""
+        self._launched = None
+        step, chain = outputs.step, self.depth - 1
+        if not self.ahead or chain == 0 or step.mtp != "after":
+            return False
+        width = min(self.width, outputs.shape.topk)
+        owners = [b for b in range(len(step.entries)) for _ in range(width)]
+        pool, runner = ctx.pool, ctx.runner
+        try:
+            scratch = pool.alloc(len(owners) * chain)
+        except PoolExhausted:
+            return False
+        try:
+            entries = step.entries
+            draft = StepBatch("verify", [
+                StepEntry(entries[o].row, entries[o].prefix_len, scratch[i * chain : (i + 1) * chain], [0] * chain,
+                          list(range(entries[o].prefix_len, entries[o].prefix_len + chain)), list(range(-1, chain - 1)),
+                          hidden_src=entries[o].row)
+                for i, o in enumerate(owners)
+            ], mtp="chain")
+            if not runner.plans_on_device(draft):
+                return False
+            choices = [i % width for i in range(len(owners))]
+            source = runner.launch(draft, adjust=shift_by_acceptance(outputs, owners, choices, chain))
+        finally:
+            pool.free(scratch)
+        self._launched = ChainAhead(source, runner.generation, {e.row: b * width for b, e in enumerate(step.entries)}, chain)
+        self.launches_ahead += 1
+        return True
 
     def draft_steps(self, num_layers: int) -> list[DraftStep]:
         if self.depth == 1:
@@ -240,6 +284,13 @@ class MTPDrafter:
         pool, table, runner = ctx.pool, ctx.pool.table, ctx.runner
         rows = [table.row(r.req_id) for r in requests]
         firsts = [runner.mtp.candidates.get(row, [])[: self.width] for row in rows]
+        launched, self._launched = self._launched, None
+        if launched is not None and launched.serves(runner.generation, rows):
+            self.proposals_ahead += 1
+            trees = [DraftTree.from_paths(launched.paths(row, first)) for row, first in zip(rows, firsts)]
+            for tree in trees:
+                tree.source = launched.source
+            return trees
         owners = [b for b, first in enumerate(firsts) for _ in first]
         chain = self.depth - 1
         if chain == 0 or not owners:

@@ -170,8 +170,8 @@ def _chain_drafts_reach_the_verify_step(model, spec, prompts, max_new, captured)
     eng.drafter.propose = recording
     verified, run = [], eng.runner.run
 
-    def recording_run(step):
-        result = run(step)
+    def recording_run(step, then=None):
+        result = run(step, then=then)
         if step.kind == "verify" and step.accept:
             verified.append([e.tokens[1:] for e in step.entries])
         return result

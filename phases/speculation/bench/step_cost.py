@@ -1,7 +1,11 @@
 """Where a speculative step's time goes: plain decoding against the MTP chain and tree, at batch 1.
 
-``python -m phases.speculation.bench.step_cost [--contexts 2048,16384] [--modes plain,mtp:1x3,mtp:4x3]
+``python -m phases.speculation.bench.step_cost [--contexts 2048,16384] [--modes plain,mtp:1x3,mtp:1x3/serial,mtp:4x3]
 [--steps 64] [--out FILE.json] [--device cuda] [--tiny]``
+
+A mode is ``plain`` or an ``mtp:WxD`` spec; ``mtp:WxD/serial`` turns off the drafter's launch of
+its chain step behind the verify step (``serving.speculation.chain_ahead``), so one run compares
+the two (``proposals_ahead_share``: the share of steps whose drafts were launched ahead).
 
 Per mode and context, on one engine per mode built as gate ``speculation`` builds its engines
 (``serving.stack``, the kernel backend, CUDA graphs at the gate's batch sizes), after a warm-up
@@ -12,7 +16,7 @@ generation, one request of a random prompt of that context is prefilled and step
 2. device (CUDA): a torch.profiler trace of ``--profile-steps`` steps: kernels, memcpys and
    memsets per step, summed kernel µs, the device's busy µs (union of intervals), and each split
    by the graph replay it belongs to: ``draft`` (a step started and not read, ``try_launch``: the
-   MTP chain's levels 2..D), ``verify`` (a step replayed and read, ``try_replay``: plain's decode
+   MTP chain's levels 2..D), ``verify`` (a step replayed and read, ``try_start``: plain's decode
    step too) or ``other`` (eager kernels and copies between them). Device work is matched to
    the host call that issued it by the profiler's correlation ids.
 3. host: per step, the host µs before the first graph launch, between launches, after the last,
@@ -40,7 +44,7 @@ Decisions:
   untraced pass; the trace's host split is proportionally inflated and is for where the host
   time goes, not how much there is; its device figures are not slowed.
 - Attribution: during the traced pass only, the probe wraps the graph runner's ``try_launch`` /
-  ``try_replay`` (attributes of this process's engine object, removed after; no serving code
+  ``try_start`` (attributes of this process's engine object, removed after; no serving code
   changes) and each ``Engine.step`` in ``torch.profiler.record_function`` ranges; a device event
   belongs to the step and range whose host interval holds the runtime or driver call that
   issued it (so the result read's copy counts as ``verify``).
@@ -75,7 +79,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 GATE_BATCH_SIZES = (1, 2, 4, 8, 16, 32)  # gate ``speculation``'s at its batch sizes (1, 8)
 CPU_BATCH_SIZES = (1, 4)  # every batch-1 step of the default modes (mtp:4x3's draft step is 4 chains)
-DEFAULT_MODES = ("plain", "mtp:1x3", "mtp:4x3")
+DEFAULT_MODES = ("plain", "mtp:1x3", "mtp:1x3/serial", "mtp:4x3")
+SERIAL = "/serial"  # a mode suffix: the MTP drafter proposes after the verify step's read (no launch ahead)
 
 # serving/demo/train.py's model_config(SIZES["default"]) as random-preset overrides; all dense
 # (its first_k_dense_replace covers every block, the MTP module's too).
@@ -125,7 +130,15 @@ def probe_engine(model, spec: str | None, max_context: int, batch_sizes: tuple[i
 
 def chain_depth(spec: str | None) -> int:
     """Drafts per chain of ``mtp:WxD`` (0 for plain)."""
-    return 0 if spec is None else int(spec.rpartition("x")[2].partition(":")[0])
+    return 0 if spec is None else int(spec.removesuffix(SERIAL).rpartition("x")[2].partition(":")[0])
+
+
+def mode_spec(mode: str) -> tuple[str | None, bool]:
+    """(the ``--speculate`` spec of a mode, whether its drafter launches ahead): ``plain`` is
+    (None, False); a ``/serial`` suffix turns the launch ahead off."""
+    if mode == "plain":
+        return None, False
+    return mode.removesuffix(SERIAL), not mode.endswith(SERIAL)
 
 
 # ---- the probe's ranges (no serving code changes) ------------------------------------------
@@ -133,17 +146,17 @@ def chain_depth(spec: str | None) -> int:
 
 @contextmanager
 def bracketed_graph_calls(engine):
-    """While open, this engine's ``try_launch`` / ``try_replay`` (instance attributes, this process
+    """While open, this engine's ``try_launch`` / ``try_start`` (instance attributes, this process
     only; the class's methods come back on exit) run in profiler ranges, so a trace says which
     replay a launch and its kernels belong to; a call that finds no captured bucket (the runner
     then runs the step eagerly, outside the range) leaves an ``EAGER_MARK`` inside it."""
     graphs = engine.runner.graphs
-    for name, label in (("try_launch", DRAFT_RANGE), ("try_replay", VERIFY_RANGE)):
+    for name, label in (("try_launch", DRAFT_RANGE), ("try_start", VERIFY_RANGE)):
         original = getattr(graphs, name)
 
-        def wrapped(step, _original=original, _label=label):
+        def wrapped(step, *args, _original=original, _label=label):
             with torch.profiler.record_function(_label):
-                result = _original(step)
+                result = _original(step, *args)
                 if result is None:
                     with torch.profiler.record_function(EAGER_MARK):
                         pass
@@ -153,7 +166,7 @@ def bracketed_graph_calls(engine):
     try:
         yield
     finally:
-        del graphs.try_launch, graphs.try_replay
+        del graphs.try_launch, graphs.try_start
 
 
 def run_steps(engine, request, steps: int) -> list[float]:
@@ -365,26 +378,30 @@ def random_prompt(context: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(1, vocab, (context,), generator=gen).tolist()
 
 
-def measure(engine, spec: str | None, context: int, steps: int, profile_steps: int, warmup_steps: int, seed: int) -> dict:
+def measure(engine, mode: str, context: int, steps: int, profile_steps: int, warmup_steps: int, seed: int) -> dict:
     """One mode at one context (see the module docstring): wall, trace and cProfile passes over one
     request prefilled from a random prompt of ``context`` tokens."""
     cuda = engine.model.device.type == "cuda"
     graphs = engine.runner.graphs
+    spec = mode_spec(mode)[0]
     budget = (warmup_steps + steps + 2 * profile_steps + 1) * (chain_depth(spec) + 1) + 8  # never finishes mid-run
     request = engine.add_request(random_prompt(context, engine.model.cfg.vocab_size, seed), budget)
     engine.prefill(request)
     if request.error:
-        raise RuntimeError(f"{spec or 'plain'} at {context}: {request.error}")
+        raise RuntimeError(f"{mode} at {context}: {request.error}")
     run_steps(engine, request, warmup_steps)
     engine.stats = type(engine.stats)()
     replays, eager = graphs.replays, graphs.eager_steps
+    drafter = engine.drafter
+    ahead_before = getattr(drafter, "proposals_ahead", 0)
     times = run_steps(engine, request, steps)
     s = engine.stats
-    row = {"mode": spec or "plain", "context": context, "steps": steps,
+    row = {"mode": mode, "context": context, "steps": steps,
            "wall_ms_per_step": s.step_s / s.steps * 1e3, "wall_ms_median": statistics.median(times) * 1e3,
            "wall_ms_p10": _quantile(times, 0.1) * 1e3, "wall_ms_p90": _quantile(times, 0.9) * 1e3,
            "tokens_per_step": s.emitted / s.steps, "tokens_per_s": s.tokens_per_s,
-           "graph_replays_per_step": (graphs.replays - replays) / steps, "eager_steps": graphs.eager_steps - eager}
+           "graph_replays_per_step": (graphs.replays - replays) / steps, "eager_steps": graphs.eager_steps - eager,
+           "proposals_ahead_share": (getattr(drafter, "proposals_ahead", 0) - ahead_before) / steps}
     per_step, device_events = trace_window(engine, request, profile_steps, cuda)
     row["trace"] = {"steps": len(per_step), "device_events": device_events, "median": median_of(per_step),
                     "per_step": per_step}
@@ -411,20 +428,22 @@ def run(contexts=(2048, 16384), modes=DEFAULT_MODES, steps: int = 64, profile_st
     cuda = dev.type == "cuda"
     batch_sizes = tuple(batch_sizes or (GATE_BATCH_SIZES if cuda else CPU_BATCH_SIZES))
     model = probe_model(dev, tiny, seed)
-    depth = max(chain_depth(None if m == "plain" else m) for m in modes)
+    depth = max(chain_depth(mode_spec(m)[0]) for m in modes)
     max_context = max(contexts) + (warmup_steps + steps + 2 * profile_steps) * (depth + 1) + 128
     doc = {"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": torch.__version__,
            "shape": "tiny" if tiny else "demo", "config": TINY_SHAPE if tiny else DEMO_SHAPE,
            "graph_batch_sizes": list(batch_sizes), "steps": steps, "profile_steps": profile_steps,
            "warmup_steps": warmup_steps, "rows": []}
     for mode in modes:
-        spec = None if mode == "plain" else mode
+        spec, ahead = mode_spec(mode)
         t0 = time.perf_counter()
         engine = probe_engine(model, spec, max_context, batch_sizes)
+        if engine.drafter is not None and hasattr(engine.drafter, "ahead"):
+            engine.drafter.ahead = ahead
         engine.generate([random_prompt(64, model.cfg.vocab_size, seed + 99)], settle_tokens)  # settle every kernel
         log(f"{mode}: engine ready in {time.perf_counter() - t0:.1f} s")
         for i, context in enumerate(contexts):
-            row = measure(engine, spec, context, steps, profile_steps, warmup_steps, seed + 1 + i)
+            row = measure(engine, mode, context, steps, profile_steps, warmup_steps, seed + 1 + i)
             log(f"{mode} at {context}: {row['wall_ms_median']:.3f} ms per step, {row['tokens_per_step']:.2f} tokens per step")
             doc["rows"].append(row)
         del engine

@@ -1,0 +1,104 @@
+"""The MTP chain's draft step launched ahead: queued right behind the verify step it depends on,
+before the host reads that step.
+
+A chain step (``MTPDrafter``) needs, per request, the length after the verify step (its prefix
+length, its rows' positions) and the module's first draft there (its first row's token). Both
+are outputs of the verify step, still on the device when the host could launch the chain. So
+the chain step is packed on the host with the lengths *before* the verify step and a
+placeholder first token, and ``shift_by_acceptance`` adds each entry's accepted drafts + 1 to
+its prefix length, positions and kv offsets and writes its first token, on the device, between
+the copy of its fields and its replay. The host reads the verify step while the device drafts,
+and the next proposal takes the drafts from there (``ChainAhead``): a speculative step then
+costs the device no idle time for the draft step's host preparation.
+
+Decisions:
+- Only where the chain step's capture plans its attention on the device
+  (``ModelRunner.plans_on_device``): a host plan would be of the lengths before the verify
+  step. Elsewhere (buckets planned on the host, eager steps) the drafter proposes after the
+  read, as before.
+- The launched step is the one a proposal after the read would make (same rows, lengths, first
+  tokens, scratch layout), so drafts, acceptance and outputs do not change.
+- A launch ahead serves the next proposal only if nothing ran on the runner in between
+  (``ModelRunner.generation``: a prefill may take a finished request's table row) and every
+  request proposed for was in it (a request that finished meanwhile had its chains computed and
+  dropped).
+- The chain's scratch slots are allocated while the verify step still holds its own (so none
+  is a slot it may accept) and freed at once: whatever reuses them is queued behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from serving.speculation.tree import pending
+
+if TYPE_CHECKING:
+    from serving.engine.model_runner import StepOutputs
+    from serving.kv.batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class ChainAhead:
+    """A chain step launched behind a verify step: its outputs (``source``, int64 on the device),
+    the runner's ``generation`` it follows, each table row's first chain entry (a row's chains are
+    consecutive entries) and the rows of a chain entry (``chain``: the drafter's depth - 1)."""
+
+    source: torch.Tensor
+    generation: int
+    first_chain: dict[int, int]
+    chain: int
+
+    def serves(self, generation: int, rows: list[int]) -> bool:
+        """Whether the next proposal, for requests at table ``rows``, may take these drafts."""
+        return generation == self.generation and all(r in self.first_chain for r in rows)
+
+    def paths(self, row: int, firsts: list[int]) -> list[list[int]]:
+        """The chains of table row ``row`` as draft paths: its first tokens (the host's copy of the
+        verify step's MTP candidates) then the pending drafts of its chain rows."""
+        start = self.first_chain[row]
+        return [[t] + [pending((start + w) * self.chain + j) for j in range(self.chain)] for w, t in enumerate(firsts)]
+
+
+def shift_by_acceptance(outputs: "StepOutputs", owners: list[int], choices: list[int], chain: int) -> Callable[["ForwardBatch"], None]:
+    """The device work that turns a chain step packed with a verify step's lengths before it into
+    the step after it: for chain entry i (``owners[i]``: its verify entry; ``choices[i]``: which of
+    that entry's MTP candidates it starts from; ``chain`` rows each), ``d = n_accepted + 1`` added
+    to its prefix length, to each of its rows' positions and to the kv offsets from it on, and its
+    first row's token set to the candidate. Padded entries and rows are left as they are (``d``
+    is 0 there). No host sync: one host-to-device copy of indices and a few small kernels."""
+    acc_at = outputs.offset("n_accepted")
+    mtp_at = outputs.offset("mtp_topk")
+    topk = outputs.shape.topk
+    if len(owners) != len(choices) or any(not 0 <= c < topk for c in choices):
+        raise ValueError(f"Expected one candidate index in [0, {topk}) per chain entry, got {choices} for {len(owners)} entries")
+    if any(not 0 <= o < len(outputs.step.entries) for o in owners):
+        raise ValueError(f"Expected owners among the verify step's {len(outputs.step.entries)} entries, got {owners}")
+
+    def shift(batch: "ForwardBatch") -> None:
+        f = batch.fields
+        padded = f["prefix_lens"].shape[0]
+        rows = f["positions"].shape[0]
+        e = len(owners)
+        if e > padded or e * chain > rows:
+            raise ValueError(f"Expected a chain step of {e} entries of {chain} rows, got a batch of {padded} entries, {rows} rows")
+        pad_entry = e if e < padded else 0  # padded rows belong to padded entries (d = 0)
+        index = ([acc_at + o for o in owners] + [acc_at] * (padded - e)
+                 + [1] * e + [0] * (padded - e)
+                 + [i for i in range(e) for _ in range(chain)] + [pad_entry] * (rows - e * chain)
+                 + [i * chain for i in range(e)]
+                 + [mtp_at + o * topk + c for o, c in zip(owners, choices)])
+        host = torch.tensor(index, dtype=torch.long)
+        device = f["positions"].device
+        index_d = (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
+        acc, real, row_entry, first_rows, firsts = index_d.split([padded, padded, rows, e, e])
+        d = outputs.ints.index_select(0, acc).add_(1).mul_(real)
+        f["prefix_lens"].add_(d)
+        f["positions"].add_(d.index_select(0, row_entry))
+        f["kv_indptr"][1:].add_(d.cumsum(0).to(torch.int32))
+        f["input_ids"].index_copy_(0, first_rows, outputs.ints.index_select(0, firsts))
+
+    return shift
