@@ -13,6 +13,9 @@ Decisions:
   of a topologically ordered tree is a tree), down to plain decoding.
 - A request that cannot get slots fails with the pool's message and releases everything it
   holds; the other requests of the batch go on.
+- A drafter that can launch its next draft step behind the verify step (``launch_ahead``) does
+  so before the host reads the step; the engine then skips its start-and-end waits for the
+  device while that step runs, and a step's wall time runs from its start to its results' read.
 - Sampling is per request (``Request.sampling``): a step with any sampled request is a sampled
   step (``StepBatch.sample``: speculative sampling on the device, greedy requests in it as
   greedy), one with none is the greedy step as before. A sampled request without a seed gets
@@ -117,7 +120,9 @@ class Engine:
     record_margins: keep each emitted token's top-two logit gap (the greedy gate's tie check);
     profile: time the attention calls of eager steps (CUDA events) to report attention's share
     of a step; between_steps: called as ``hook(engine)`` after every step of ``run()``, when no
-    step is in flight (``serving.defrag``'s compaction: a hook may move pool rows and rename slots);
+    step is in flight but a draft step launched ahead (``serving.speculation.chain_ahead``: what a
+    hook queues on the stream, a copy into the draft's freed scratch slots too, runs after it)
+    (``serving.defrag``'s compaction: a hook may move pool rows and rename slots);
     seed: where the seeds of sampled requests that bring none come from (None: the OS's randomness).
     """
 
