@@ -410,7 +410,7 @@ class ModelRunner:
         host_ints.copy_(ints, non_blocking=True)
         host_gap.copy_(gap, non_blocking=True)
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(self.device))
         return host_ints, host_gap, copied
 
     def plans_on_device(self, step: StepBatch) -> bool:

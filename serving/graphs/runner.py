@@ -170,7 +170,7 @@ class CudaGraphRunner:
         batch = self.runner.prepare(step, cap.packed, cap.device_buffer, self.kv_indices)
         if cap.graph is not None:
             cap.copied = torch.cuda.Event()
-            cap.copied.record()
+            cap.copied.record(torch.cuda.current_stream(self.runner.device))
         if adjust is not None:
             adjust(batch)
             if cap.graph is None and self.runner.device.type != "cuda":  # CPU: prepare() built them from the host's values

@@ -17,11 +17,13 @@ Decisions:
   step. Elsewhere (buckets planned on the host, eager steps) the drafter proposes after the
   read, as before.
 - The launched step is the one a proposal after the read would make (same rows, lengths, first
-  tokens, scratch layout), so drafts, acceptance and outputs do not change.
-- A launch ahead serves the next proposal only if nothing ran on the runner in between
-  (``ModelRunner.generation``: a prefill may take a finished request's table row) and every
-  request proposed for was in it (a request that finished meanwhile had its chains computed and
-  dropped).
+  tokens, scratch layout), so outputs never change (verification is exact), and neither do drafts
+  or acceptance while the same requests go on. When one finished in the verify step, the others'
+  chains ran beside its dropped ones, in a bucket wider than a proposal after the read would
+  take, where a near tie can turn a draft.
+- A launch ahead serves the next proposal only if it came from the same runner, nothing ran on
+  that runner in between (``ModelRunner.generation``: a prefill may take a finished request's
+  table row) and every request proposed for was in it.
 - The chain's scratch slots are allocated while the verify step still holds its own (so none
   is a slot it may accept) and freed at once: whatever reuses them is queued behind.
 """
@@ -44,17 +46,20 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ChainAhead:
     """A chain step launched behind a verify step: its outputs (``source``, int64 on the device),
-    the runner's ``generation`` it follows, each table row's first chain entry (a row's chains are
-    consecutive entries) and the rows of a chain entry (``chain``: the drafter's depth - 1)."""
+    the runner that ran both and its ``generation`` then, each table row's first chain entry (a
+    row's chains are consecutive entries) and the rows of a chain entry (``chain``: the drafter's
+    depth - 1)."""
 
     source: torch.Tensor
+    runner: object
     generation: int
     first_chain: dict[int, int]
     chain: int
 
-    def serves(self, generation: int, rows: list[int]) -> bool:
-        """Whether the next proposal, for requests at table ``rows``, may take these drafts."""
-        return generation == self.generation and all(r in self.first_chain for r in rows)
+    def serves(self, runner, rows: list[int]) -> bool:
+        """Whether the next proposal, through ``runner`` for requests at table ``rows``, may take
+        these drafts."""
+        return runner is self.runner and runner.generation == self.generation and all(r in self.first_chain for r in rows)
 
     def paths(self, row: int, firsts: list[int]) -> list[list[int]]:
         """The chains of table row ``row`` as draft paths: its first tokens (the host's copy of the

@@ -270,7 +270,8 @@ class MTPDrafter:
             source = runner.launch(draft, adjust=shift_by_acceptance(outputs, owners, choices, chain))
         finally:
             pool.free(scratch)
-        self._launched = ChainAhead(source, runner.generation, {e.row: b * width for b, e in enumerate(step.entries)}, chain)
+        self._launched = ChainAhead(source, runner, runner.generation, {e.row: b * width for b, e in enumerate(step.entries)},
+                                    chain)
         self.launches_ahead += 1
         return True
 
@@ -285,7 +286,7 @@ class MTPDrafter:
         rows = [table.row(r.req_id) for r in requests]
         firsts = [runner.mtp.candidates.get(row, [])[: self.width] for row in rows]
         launched, self._launched = self._launched, None
-        if launched is not None and launched.serves(runner.generation, rows):
+        if launched is not None and launched.serves(runner, rows):
             self.proposals_ahead += 1
             trees = [DraftTree.from_paths(launched.paths(row, first)) for row, first in zip(rows, firsts)]
             for tree in trees:

@@ -5,6 +5,7 @@ after the read would make; the engine's outputs, drafts and acceptance do not ch
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch
 from serving.engine.model_runner import StepOutputs
 from serving.kv.batch import PackedStep, StepBatch, StepEntry, StepLayout, StepShape
 from serving.model.presets import random_model
-from serving.speculation.chain_ahead import shift_by_acceptance
+from serving.speculation.chain_ahead import ChainAhead, shift_by_acceptance
+from serving.speculation.tree import pending
 from serving.stack import ServingConfig, build_engine
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(20, 47)), [7, 8, 9] * 6]
@@ -83,6 +85,17 @@ def test_shift_refuses_what_it_cannot_index():
     plain = StepOutputs(verify, torch.zeros(8, dtype=torch.long), StepShape("verify", None, 4, 0, True), 4, 1)
     with pytest.raises(ValueError, match="mtp_topk"):
         shift_by_acceptance(plain, [0], [0], 2)
+
+
+def test_a_launch_serves_only_its_runner_at_its_generation_and_rows():
+    runner, other = SimpleNamespace(generation=3), SimpleNamespace(generation=3)
+    ahead = ChainAhead(torch.zeros(8, dtype=torch.long), runner, 3, {5: 0, 9: 2}, 2)
+    assert ahead.serves(runner, [9, 5]) and ahead.serves(runner, [5])
+    assert not ahead.serves(other, [5])  # another runner at the same count
+    assert not ahead.serves(runner, [5, 7])  # a request it did not draft for
+    runner.generation = 4
+    assert not ahead.serves(runner, [5])  # a step ran since
+    assert ahead.paths(9, [11, 12]) == [[11, pending(4), pending(5)], [12, pending(6), pending(7)]]
 
 
 def _engine(model, spec, ahead=True):
