@@ -79,7 +79,7 @@ class CaptureReport:
 
 
 class CudaGraphRunner:
-    """Captured steps for one ``ModelRunner``; ``try_replay(step)`` serves what a bucket holds."""
+    """Captured steps for one ``ModelRunner``; ``try_start(step)`` serves what a bucket holds."""
 
     def __init__(self, runner: ModelRunner, keys: list[GraphKey], capture_graphs: bool = True) -> None:
         if capture_graphs and runner.device.type != "cuda":
@@ -187,17 +187,6 @@ class CudaGraphRunner:
         cap = self.graphs[key]
         ints, gap = cap.outputs
         return unpack_outputs(ints.cpu(), gap.cpu(), step, key.family.shape, cap.layout.tokens, cap.layout.batch)
-
-    def try_replay(self, step: StepBatch) -> StepResult | None:
-        """Replay ``step`` on its bucket's graph and return the results; None when no captured
-        bucket holds it (the caller runs it eagerly)."""
-        key = self.key_for(step)
-        if key is None:
-            self.eager_steps += 1
-            return None
-        self.replay_into(step, key)
-        self.last_key = key
-        return self.read(step, key)
 
     def try_start(self, step: StepBatch) -> tuple[torch.Tensor, torch.Tensor, StepShape, int, int] | None:
         """Replay ``step`` on its bucket's graph without reading it: (``pack_outputs``' tensors, the
