@@ -276,7 +276,12 @@ def open_targets(gates: list[GateResult]) -> dict[str, OpenTarget]:
     for gate in gates:
         for check in gate.targets:
             if not check.ok and check.metric not in found:
-                found[check.metric] = OpenTarget(target=check.threshold, value=plan_value(check.value))
+                interval = check.interval if check.samples is not None else None
+                found[check.metric] = OpenTarget(
+                    target=check.threshold, value=plan_value(check.value),
+                    **({} if interval is None else {"low": interval[0], "high": interval[1],
+                                                    "samples": check.samples, "confidence": check.confidence}),
+                )
     return found
 
 

@@ -427,6 +427,8 @@ def _checkpoint_data(checkpoint: Checkpoint) -> dict[str, Any]:
     data = checkpoint.model_dump(mode="python")
     if not data["open_targets"]:
         del data["open_targets"]
+    else:
+        data["open_targets"] = {name: target.record() for name, target in checkpoint.open_targets.items()}
     return data
 
 

@@ -8,6 +8,7 @@ Models are frozen: status changes go through ``runner.plan.rewrite``, never by m
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from typing import Annotated, Any, Literal, get_args
 
@@ -216,10 +217,42 @@ class Gate(_Model):
 
 class OpenTarget(_Model):
     """A target a checkpoint left open: the target and the value the run reached (``None``
-    when the gate did not report the metric)."""
+    when the gate did not report the metric). For a metric reported as samples, ``value`` is
+    their median and ``low``/``high`` the interval of the median at ``confidence`` over
+    ``samples`` samples: the target was judged on that interval, so a median that meets it
+    still left it open, and a view re-judges it on the interval, never on the median."""
 
     target: Threshold
     value: MetricValue | None = None
+    low: float | None = None
+    high: float | None = None
+    samples: int | None = Field(default=None, ge=1)
+    confidence: float | None = Field(default=None, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _interval_whole(self) -> "OpenTarget":
+        given = [self.low is not None, self.high is not None, self.samples is not None, self.confidence is not None]
+        if any(given) and not all(given):
+            raise PydanticCustomError(
+                "open_target_interval",
+                "an open target's interval needs 'low', 'high', 'samples' and 'confidence' together",
+                {},
+            )
+        if all(given) and not (math.isfinite(self.low) and math.isfinite(self.high) and self.low <= self.high):
+            raise PydanticCustomError(
+                "open_target_interval",
+                "an open target's interval needs finite 'low' <= 'high', got [{low}, {high}]",
+                {"low": str(self.low), "high": str(self.high)},
+            )
+        return self
+
+    def record(self) -> dict[str, Any]:
+        """The target as the plan writes it: the interval's keys only for a sampled metric."""
+        data = self.model_dump(mode="json")
+        if self.samples is None:
+            for key in ("low", "high", "samples", "confidence"):
+                del data[key]
+        return data
 
 
 class Checkpoint(_Model):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from runner.errors import UsageError
 from runner.formatting import format_metric, one_line
+from runner.plan.samples import MedianInterval, describe, interval_gap, interval_holds
 from runner.plan.schema import Plan
 from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
@@ -174,19 +175,43 @@ def phase_targets(plan: Plan, phase_id: str, checkpoint: CheckpointView | None,
     """The phase's targets with where each stands, and where that comes from: the targets its
     checkpoint left open (a complete phase), else the plan's targets checked against the run
     that explains its status."""
-    if checkpoint is not None:
-        checks = [
-            check_thresholds({name: Threshold.parse(open_target["target"])},
-                             {} if open_target["value"] is None else {name: open_target["value"]})[0]
-            for name, open_target in checkpoint.open_targets.items()
-        ]
-        return checks, (f"checkpoint {checkpoint.tag}" if checks else None)
     shown = runs.shown if runs is not None else None
+    if checkpoint is not None:
+        checks = [_open_target_check(name, open_target) for name, open_target in checkpoint.open_targets.items()]
+        if checks and shown is not None and _is_report_of(shown, checkpoint):
+            # the checkpoint's own run keeps the samples: its checks say where each target stood
+            [results] = shown.phase_results()
+            judged = {check.metric: check for check in target_checks(plan.phase(phase_id), results.gates)}
+            checks = [judged[check.metric] if check.metric in judged and not judged[check.metric].ok else check
+                      for check in checks]
+        return checks, (f"checkpoint {checkpoint.tag}" if checks else None)
     if shown is None:
         return [], None
     [results] = shown.phase_results()
     checks = target_checks(plan.phase(phase_id), results.gates)
     return checks, (f"run {shown.run_id}" if checks else None)
+
+
+def _open_target_check(name: str, open_target: dict) -> MetricCheck:
+    """A target the checkpoint left open, as a check: judged again on its interval where the
+    metric was sampled (its median may meet the target while the interval does not), and
+    open in any case: the checkpoint's verdict stands, a view never closes a target."""
+    threshold = Threshold.parse(open_target["target"])
+    if open_target.get("samples") is not None:
+        interval = MedianInterval(n=open_target["samples"], median=open_target["value"], low=open_target["low"],
+                                  high=open_target["high"], confidence=open_target["confidence"])
+        check = MetricCheck(
+            metric=name, threshold=str(threshold), value=interval.median,
+            ok=interval_holds(threshold.op, threshold.value, interval),
+            reason=describe(interval), gap=interval_gap(threshold.op, threshold.value, interval),
+            samples=interval.n, interval=[interval.low, interval.high], confidence=interval.confidence,
+        )
+    else:
+        metrics = {} if open_target["value"] is None else {name: open_target["value"]}
+        [check] = check_thresholds({name: threshold}, metrics)
+    if check.ok:  # a sampled metric recorded before intervals were: the median alone cannot say how short
+        check = check.model_copy(update={"ok": False, "gap": None, "reason": f"{check.reason}; left open on its samples"})
+    return check
 
 
 def describe_targets(checks: list[MetricCheck]) -> str:

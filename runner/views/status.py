@@ -31,7 +31,7 @@ class CheckpointView:
     report: str
     commit: str | None
     metrics: dict[str, bool | int | float | str]
-    open_targets: dict[str, dict] = field(default_factory=dict)  # metric -> {target, value}
+    open_targets: dict[str, dict] = field(default_factory=dict)  # metric -> OpenTarget.record()
     changed: list[str] | None = None  # files under the phase's paths changed since ``commit``; None: unknown
     tag_missing: bool = False  # in git, but the tag names no commit: what changed since cannot be told
 
@@ -85,7 +85,7 @@ def plan_status(ws: Workspace) -> StatusView:
                 report=record.report,
                 commit=commit,
                 metrics=dict(record.metrics),
-                open_targets={name: target.model_dump(mode="json") for name, target in record.open_targets.items()},
+                open_targets={name: target.record() for name, target in record.open_targets.items()},
                 changed=_changed(ws, commit, phase.paths),
                 tag_missing=commit is None and (ws.root / ".git").exists(),
             )

@@ -122,3 +122,50 @@ def test_a_target_alone_says_which_way_is_better(tmp_path, runner_env):
     result = cli(runner_env, repo.root, "diff", "20261201T000000Z-aaaaaaaa", "20261202T000000Z-bbbbbbbb")
     [row] = [line for line in result.stdout.splitlines() if " speedup " in line]
     assert row.split()[-1] == "regression" and ">= 10, 9 short" in row  # 50% worse: beyond the default 10%
+
+
+def sampled_target_repo(root):
+    """alpha reports seven speedup samples: median 10.5 meets its target ">= 10", while the 95%
+    interval of the median, [min, max] = [6, 12], does not."""
+    samples = [6.0, 9.5, 10.2, 10.5, 11.0, 11.5, 12.0]
+    phases = default_phases()
+    phases[0]["gates"] = [gate("check", "verify", f"""printf '{{"speedup": {samples}, "errors": 0}}' > "$RUNNER_METRICS" """,
+                               expect={"speedup": ">= 1.5", "errors": "== 0"}, targets={"speedup": ">= 10"})]
+    return make_repo(root, phases)
+
+
+def test_a_sampled_target_whose_median_meets_it_stays_open_on_its_interval(tmp_path, runner_env):
+    repo = sampled_target_repo(tmp_path / "repo")
+    result = cli(runner_env, repo.root, "advance")
+    assert result.exit_code == 0, result.text
+    assert "targets left open: speedup" in result.stdout
+    [open_target] = load_plan(repo.plan).plan.phase("alpha").checkpoint.open_targets.values()
+    assert (open_target.value, open_target.low, open_target.high, open_target.samples) == (10.5, 6.0, 12.0, 7)
+    text = cli(runner_env, repo.root, "status").stdout
+    assert "targets the checkpoint left open: speedup 10.5 (>= 10, 4 short)" in text
+    data = json.loads(cli(runner_env, repo.root, "status", "--json").stdout)
+    [speedup] = data["phases"][0]["targets"]
+    assert (speedup["ok"], speedup["gap"], speedup["interval"], speedup["samples"]) == (False, 4.0, [6.0, 12.0], 7)
+
+
+def test_an_open_target_with_half_an_interval_is_a_plan_error(checkpointed, runner_env):
+    plan = checkpointed.plan.read_text()
+    assert "value: 2.5\n" in plan
+    checkpointed.plan.write_text(plan.replace("value: 2.5\n", "value: 2.5\n          low: 1.0\n", 1))
+    result = cli(runner_env, checkpointed.root, "status")
+    assert result.exit_code == 2 and "'low', 'high', 'samples' and 'confidence' together" in result.stderr
+
+
+def test_an_open_target_recorded_with_its_median_alone_stays_open(tmp_path, runner_env):
+    # A record without the interval: the checkpoint's run says how short; without the run, "not met".
+    repo = sampled_target_repo(tmp_path / "repo")
+    assert cli(runner_env, repo.root, "advance").exit_code == 0
+    plan = repo.plan.read_text()
+    legacy = "".join(line for line in plan.splitlines(keepends=True)
+                     if line.strip().split(":")[0] not in ("low", "high", "samples", "confidence"))
+    assert legacy != plan
+    repo.plan.write_text(legacy)
+    assert "speedup 10.5 (>= 10, 4 short)" in cli(runner_env, repo.root, "status").stdout
+    for results in (repo.root / "reports").rglob("results.json"):
+        results.unlink()
+    assert "speedup 10.5 (>= 10, not met)" in cli(runner_env, repo.root, "status").stdout
