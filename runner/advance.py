@@ -276,12 +276,10 @@ def open_targets(gates: list[GateResult]) -> dict[str, OpenTarget]:
     for gate in gates:
         for check in gate.targets:
             if not check.ok and check.metric not in found:
-                interval = check.interval if check.samples is not None else None
-                found[check.metric] = OpenTarget(
-                    target=check.threshold, value=plan_value(check.value),
-                    **({} if interval is None else {"low": interval[0], "high": interval[1],
-                                                    "samples": check.samples, "confidence": check.confidence}),
-                )
+                interval = {} if check.interval is None else {  # a sampled metric: what it was judged on
+                    "low": check.interval[0], "high": check.interval[1], "samples": check.samples,
+                    "confidence": check.confidence}
+                found[check.metric] = OpenTarget(target=check.threshold, value=plan_value(check.value), **interval)
     return found
 
 

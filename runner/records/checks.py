@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from runner.formatting import format_metric
 from runner.plan.samples import (
     DEFAULT_CONFIDENCE,
+    MedianInterval,
     describe,
     interval_gap,
     interval_holds,
@@ -73,7 +74,15 @@ def _check_samples(metric: str, threshold: Threshold, samples: list, confidence:
     if problem is not None:
         return MetricCheck(metric=metric, threshold=text, value=None, ok=False, reason=problem,
                            samples=len(samples), confidence=confidence)
-    interval = median_interval(samples, confidence)
+    return check_interval(metric, threshold, median_interval(samples, confidence))
+
+
+def check_interval(metric: str, threshold: Threshold, interval: MedianInterval) -> MetricCheck:
+    """The check of a sampled metric from its median's interval (``_check_samples``; a checkpoint's
+    open target, which keeps the interval and not the samples): the threshold must hold over all
+    of it."""
+    text = str(threshold)
+    confidence = interval.confidence
     ok = interval_holds(threshold.op, threshold.value, interval)
     shown = describe(interval)
     if interval.bounded:  # rounded bounds that would read as the opposite verdict: every digit

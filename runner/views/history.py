@@ -14,11 +14,11 @@ from pathlib import Path
 
 from runner.errors import UsageError
 from runner.formatting import format_metric, one_line
-from runner.plan.samples import MedianInterval, describe, interval_gap, interval_holds
+from runner.plan.samples import MedianInterval
 from runner.plan.schema import Plan
 from runner.plan.thresholds import Threshold
 from runner.records.machine import MachineInfo
-from runner.records.checks import check_thresholds
+from runner.records.checks import check_interval, check_thresholds
 from runner.records.results import MetricCheck, ResultsFile
 from runner.records.run_folder import REPORTS_DIR, headline_metrics, target_checks
 from runner.views.runs import RESULTS_NAME, PhaseRuns, RunRecord, find_runs
@@ -198,14 +198,9 @@ def _open_target_check(name: str, open_target: dict) -> MetricCheck:
     open in any case: the checkpoint's verdict stands, a view never closes a target."""
     threshold = Threshold.parse(open_target["target"])
     if open_target.get("samples") is not None:
-        interval = MedianInterval(n=open_target["samples"], median=open_target["value"], low=open_target["low"],
-                                  high=open_target["high"], confidence=open_target["confidence"])
-        check = MetricCheck(
-            metric=name, threshold=str(threshold), value=interval.median,
-            ok=interval_holds(threshold.op, threshold.value, interval),
-            reason=describe(interval), gap=interval_gap(threshold.op, threshold.value, interval),
-            samples=interval.n, interval=[interval.low, interval.high], confidence=interval.confidence,
-        )
+        check = check_interval(name, threshold, MedianInterval(
+            n=open_target["samples"], median=open_target["value"], low=open_target["low"], high=open_target["high"],
+            confidence=open_target["confidence"]))
     else:
         metrics = {} if open_target["value"] is None else {name: open_target["value"]}
         [check] = check_thresholds({name: threshold}, metrics)

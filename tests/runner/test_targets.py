@@ -146,6 +146,9 @@ def test_a_sampled_target_whose_median_meets_it_stays_open_on_its_interval(tmp_p
     data = json.loads(cli(runner_env, repo.root, "status", "--json").stdout)
     [speedup] = data["phases"][0]["targets"]
     assert (speedup["ok"], speedup["gap"], speedup["interval"], speedup["samples"]) == (False, 4.0, [6.0, 12.0], 7)
+    for results in (repo.root / "reports").rglob("results.json"):
+        results.unlink()  # the plan's record alone: the interval it keeps
+    assert "targets the checkpoint left open: speedup 10.5 (>= 10, 4 short)" in cli(runner_env, repo.root, "status").stdout
 
 
 def test_an_open_target_with_half_an_interval_is_a_plan_error(checkpointed, runner_env):
