@@ -20,6 +20,7 @@ import torch
 from kernel import hopper
 from kernel.device_plan import plan_uniform_on_device
 from kernel.plan import (
+    SCHEDULES,
     HeadDims,
     MLAVerifyPlan,
     PlanLayout,
@@ -289,6 +290,7 @@ class MLAVerifyWrapper:
         self._variant: "hopper.Variant | None" = None  # set when plan() chose the Hopper path
         self._kv_index_dtype = torch.int32
         self._kv_row_stride: int | None = None
+        self._schedule: str | None = None  # a graph workspace's schedule, once a plan named one
         self.path: str | None = None
 
     @property
@@ -304,10 +306,11 @@ class MLAVerifyWrapper:
     @property
     def plans_on_device(self) -> bool:
         """Whether ``plan_on_device`` stands for ``plan`` on every batch this graph workspace holds:
-        a host plan has pinned the path and tiles, and ``plan`` would split uniformly (the Triton
-        path always; the Hopper path for one request, the workspace's bound here)."""
+        a host plan has pinned the path and tiles, and ``plan`` would split uniformly: the Triton
+        path always; the Hopper path for one request (the workspace's bound here), or wherever the
+        host plan was made with ``schedule="uniform"`` (re-plans keep the schedule)."""
         return (self.use_cuda_graph and self._plan is not None and self._plan.kv_contig is None
-                and (self.path == "triton" or self._workspace.layout.max_batch == 1))
+                and (self.path == "triton" or self._workspace.layout.max_batch == 1 or self._schedule == "uniform"))
 
     def plan_on_device(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> None:
         """``plan`` for the lengths in the device indptrs (int32 [B + 1], B at most the workspace's
@@ -433,7 +436,8 @@ class MLAVerifyWrapper:
         only where it is long) or "waves" (whichever of those two and the shortest pieces that run
         in one wave finishes first; ``kernel.plan.plan_work``); all fit the same workspace
         bounds. None: ``hopper.default_schedule`` on the Hopper path ("waves" for two or more
-        requests), uniform on the Triton path.
+        requests), uniform on the Triton path. Under ``use_cuda_graph`` a schedule once
+        named is kept for the plans that name none ("uniform": the graph may plan on the device).
         Allocates a workspace if the wrapper owns one and it is too small; raises ``ValueError``
         if a caller's workspace is too small.
         kv_start, kv_contig: host int [B], the contiguous fast path (``kernel.plan.with_contiguity``):
@@ -461,6 +465,10 @@ class MLAVerifyWrapper:
             config = triton_config_for(config)  # a graph workspace sized for the Hopper path, fp16 q
         if path == "hopper" and variant is not None:
             config = hopper.tile_config(_num_sms(self.device), variant)
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ValueError(f"Expected schedule in {SCHEDULES}, got {schedule!r}")
+        if self.use_cuda_graph:  # a graph workspace keeps a schedule it was once given
+            schedule = self._schedule = schedule or self._schedule
         if schedule is None:
             schedule = hopper.default_schedule(qo_indptr.numel() - 1) if path == "hopper" else "uniform"
         plan = make_plan(qo_indptr, kv_indptr, num_heads, head_dim, v_head_dim, self.device, config,

@@ -76,7 +76,11 @@ class AttentionBackend:
     def init_cuda_graph_state(self, max_batch: int, max_tokens: int) -> None:
         raise NotImplementedError(f"the {self.name} backend cannot be captured in a CUDA graph")
 
-    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch) -> None:
+    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch,
+                                                 *, uniform: bool = False) -> None:
+        """Capture-time metadata for bucket ``key``. ``uniform``: split every request's keys in one
+        chunk length, so the graph can plan on the device at any batch size (a drafter's steps:
+        their plan decides only drafts, and their entries are one request's equal chains)."""
         raise NotImplementedError(f"the {self.name} backend cannot be captured in a CUDA graph")
 
     def init_forward_metadata_replay_cuda_graph(self, key, batch: ForwardBatch) -> None:
@@ -182,11 +186,11 @@ class KernelBackend(AttentionBackend):
         self._active = None  # the wrapper the step's layers run
         self._plans_in_step = False  # the active wrapper is planned inside the step, on the device
 
-    def _plan(self, wrapper: MLAVerifyWrapper, batch: ForwardBatch) -> None:
+    def _plan(self, wrapper: MLAVerifyWrapper, batch: ForwardBatch, schedule: str | None = None) -> None:
         # The host copies: plan() reads the lengths with .tolist(), a device sync on the device tensors.
         wrapper.plan(
             batch.qo_indptr_host, batch.kv_indptr_host, self.num_heads, head_dim=self.pool.kv.shape[-1],
-            v_head_dim=self.kv_lora_rank, dtype=self.pool.dtype,
+            v_head_dim=self.kv_lora_rank, dtype=self.pool.dtype, schedule=schedule,
         )
         self._active = wrapper
 
@@ -228,10 +232,12 @@ class KernelBackend(AttentionBackend):
         )
         return MLAVerifyWrapper(self.device, workspace=workspace, use_cuda_graph=True)
 
-    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch) -> None:
+    def init_forward_metadata_capture_cuda_graph(self, key, batch_size: int, max_draft: int, batch: ForwardBatch,
+                                                 *, uniform: bool = False) -> None:
         wrapper = self._graph_wrapper(batch_size, max_draft)
         self._graph_wrappers[key], self._graph_workspaces[key] = wrapper, wrapper.workspace
-        self._plan(wrapper, batch)  # pins the path and tiles the graph's kernels are captured with
+        # Pins the path and tiles the graph's kernels are captured with (and the schedule, if named).
+        self._plan(wrapper, batch, "uniform" if uniform else None)
         if wrapper.plans_on_device:
             self._device_planned.add(key)
         self._plans_in_step = key in self._device_planned

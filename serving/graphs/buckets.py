@@ -29,13 +29,15 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 @dataclass(frozen=True)
 class StepFamily:
-    """A kind of step: its shape, the tail slots per entry at most, and how many times a step
-    may read each live slot (``copies``)."""
+    """A kind of step: its shape, the tail slots per entry at most, how many times a step may
+    read each live slot (``copies``), and whether it is a drafter's step (``draft``: its plan
+    decides only drafts, which the verify step checks)."""
 
     name: str
     shape: StepShape
     tail: int
     copies: int = 1
+    draft: bool = False
 
     def serves(self, step: StepBatch) -> bool:
         return (step.kind, step.num_layers, step.topk, step.accept, step.mtp, step.sample) == (
@@ -76,7 +78,7 @@ def families_for(drafter: Drafter | None, num_layers: int, sample: bool = False)
     if sample:
         out += [StepFamily(f.name + "-sampled", replace(f.shape, sample=True), f.tail, f.copies) for f in list(out)]
     if drafter is not None:
-        out += [StepFamily(d.name, d.shape, d.tail, d.copies) for d in drafter.draft_steps(num_layers)]
+        out += [StepFamily(d.name, d.shape, d.tail, d.copies, draft=True) for d in drafter.draft_steps(num_layers)]
     return out
 
 

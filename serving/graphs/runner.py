@@ -138,7 +138,8 @@ class CudaGraphRunner:
         device_buffer = torch.zeros_like(packed.host, device=self.runner.device)
         step = placeholder_step(key)
         batch = self.runner.prepare(step, packed, device_buffer, self.kv_indices)
-        self.runner.backend.init_forward_metadata_capture_cuda_graph(key, key.batch, key.family.shape.width, batch)
+        self.runner.backend.init_forward_metadata_capture_cuda_graph(key, key.batch, key.family.shape.width, batch,
+                                                                     uniform=key.family.draft)
         shape = key.family.shape
         if not self.capture_graphs:
             return Captured(None, layout, packed, device_buffer, batch, self.runner.forward_step(batch, shape))

@@ -183,5 +183,5 @@ def test_captured_drafts_launched_ahead_are_the_serial_drafts(spec, prompts):
         pytest.skip("needs a CUDA GPU")
     gpu = random_model("tiny", device="cuda", dtype=torch.bfloat16, seed=5, num_nextn_predict_layers=1)
     drafter = _same_as_serial(gpu, spec, prompts, 24)
-    if spec == "mtp:1x3" and len(prompts) == 1:  # a one-entry chain step plans on the device on every path
-        assert drafter.proposals_ahead > 0
+    # Every draft bucket plans uniformly, on the device, on every path: the tree and two requests' chains too.
+    assert drafter.proposals_ahead > 0

@@ -116,6 +116,44 @@ def test_wrapper_plans_on_device_only_where_its_host_plan_is_uniform():
 
 
 
+def test_a_graph_wrapper_keeps_the_schedule_a_plan_named():
+    """A graph wrapper planned once with ``schedule="uniform"`` plans uniformly after (a plan
+    naming none keeps it) and on the device; a bad schedule is refused and kept nowhere."""
+    workspace = MLAVerifyWrapper(torch.device(DEVICE)).allocate_workspace(max_batch=4, max_draft=4, num_heads=16,
+                                                                          use_cuda_graph=True)
+    graph = MLAVerifyWrapper(torch.device(DEVICE), workspace=workspace, use_cuda_graph=True)
+    with pytest.raises(ValueError, match="Expected schedule in"):
+        graph.plan(padded_indptrs([4, 4], 2).cpu(), padded_indptrs([900, 900], 2).cpu(), 16, schedule="even")
+    assert graph.planned is None and not graph.plans_on_device
+    graph.plan(padded_indptrs([4] * 4, 4).cpu(), padded_indptrs([700] * 4, 4).cpu(), 16, schedule="uniform")
+    graph.plan(padded_indptrs([4, 3], 2).cpu(), padded_indptrs([5000, 40], 2).cpu(), 16)
+    want = plan_work([4, 3], [5000, 40], 16, DIMS, graph.planned.config, schedule="uniform")
+    assert np.array_equal(graph.planned.work_kv_end, want.work_kv_end) and graph.plans_on_device
+    graph.plan_on_device(padded_indptrs([2, 4, 1], 4), padded_indptrs([12000, 300, 64], 4))
+    assert graph.device_plan_matches([2, 4, 1], [12000, 300, 64])
+
+
+@pytest.mark.gpu
+def test_hopper_graph_wrapper_plans_several_requests_on_the_device_when_uniform():
+    """On the Hopper path a graph workspace of several requests plans on the device once its host
+    plan was uniform (a drafter's buckets), and not with the default schedule ("waves")."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a Hopper GPU")
+    plans = {}
+    for schedule in (None, "uniform"):
+        workspace = MLAVerifyWrapper(torch.device("cuda")).allocate_workspace(max_batch=8, max_draft=4, num_heads=16,
+                                                                              use_cuda_graph=True)
+        graph = MLAVerifyWrapper(torch.device("cuda"), workspace=workspace, use_cuda_graph=True)
+        graph.plan(padded_indptrs([4] * 8, 8).cpu(), padded_indptrs([2048] * 8, 8).cpu(), 16, schedule=schedule)
+        plans[schedule] = graph
+    assert plans[None].path == plans["uniform"].path == "hopper"
+    assert not plans[None].plans_on_device and plans["uniform"].plans_on_device
+    graph = plans["uniform"]
+    graph.plan_on_device(padded_indptrs([4, 4, 4, 4], 8), padded_indptrs([17000, 17000, 17001, 16999], 8))
+    assert graph.device_plan_matches([4, 4, 4, 4], [17000, 17000, 17001, 16999])
+    assert not graph.device_plan_matches([4, 4, 4, 4], [17000, 17000, 17001, 17000])
+
+
 # Compiled in a child process: the suite runs Triton's interpreter, which never compiles.
 _COMPILE_FOR_HOPPER = """
 import sys
