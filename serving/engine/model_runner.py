@@ -419,7 +419,8 @@ class ModelRunner:
         device after ``prepare`` (``launch``'s ``adjust``)."""
         return self.graphs is not None and self.graphs.plans_on_device(step)
 
-    def launch(self, step: StepBatch, adjust: Callable[[ForwardBatch], None] | None = None) -> torch.Tensor:
+    def launch(self, step: StepBatch, adjust: Callable[[ForwardBatch], None] | None = None, *,
+               or_none: bool = False) -> torch.Tensor | None:
         """A drafter's step started and not read: int64 [>= N] on the device, the token after each of
         its rows (``StepResult.pred``: entries' rows in order, padding after). The tensor holds them
         until the next step of the same bucket runs; read it, or hand it to the verify step as
@@ -428,15 +429,16 @@ class ModelRunner:
         adjust: device work on the step's fields after they are copied and before the step runs
         (values the host does not know yet, computed from an earlier step's outputs); only for a
         step that ``plans_on_device`` (ValueError otherwise: a host plan would be of the host's
-        values)."""
+        values; with ``or_none``, None instead, and nothing launched)."""
         if step.kind == "extend" or step.accept:
             raise ValueError(f"Expected a decode or verify step that accepts nothing for launch(), got a {step.kind} step "
                              f"with accept={step.accept} (run() it: its results change the slot table)")
         if adjust is not None:
-            if not self.plans_on_device(step):
+            pred = self.graphs.try_launch(step, adjust, planned_on_device=True) if self.graphs is not None else None
+            if pred is None and not or_none:
                 raise ValueError("Expected a step replayed from a capture that plans on the device for launch(adjust=...), "
                                  "got one planned on the host or run eagerly (its plan would be of the host's lengths)")
-            return self.graphs.try_launch(step, adjust)
+            return pred
         pred = self.graphs.try_launch(step) if self.graphs is not None else None
         if pred is None:
             shape = StepShape.of(step)

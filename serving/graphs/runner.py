@@ -201,13 +201,14 @@ class CudaGraphRunner:
         ints, gap = cap.outputs
         return ints, gap, key.family.shape, cap.layout.tokens, cap.layout.batch
 
-    def try_launch(self, step: StepBatch, adjust=None) -> torch.Tensor | None:
+    def try_launch(self, step: StepBatch, adjust=None, planned_on_device: bool = False) -> torch.Tensor | None:
         """Replay ``step`` on its bucket's graph without reading it: int64 [rows] on the device, each
         row's token (the graph's static output: valid until the bucket replays again); None when no
-        captured bucket holds it. ``adjust``: as ``replay_into``'s."""
+        captured bucket holds it, or with ``planned_on_device`` when its bucket plans on the host
+        (nothing launched). ``adjust``: as ``replay_into``'s."""
         key = self.key_for(step)
-        if key is None:
-            self.eager_steps += 1
+        if key is None or (planned_on_device and not self.runner.backend.plans_on_device(key)):
+            self.eager_steps += key is None and not planned_on_device  # a step the caller will run eagerly
             return None
         cap = self.replay_into(step, key, adjust)
         self.last_key = key

@@ -264,12 +264,13 @@ class MTPDrafter:
                           hidden_src=entries[o].row)
                 for i, o in enumerate(owners)
             ], mtp="chain")
-            if not runner.plans_on_device(draft):
-                return False
             choices = [i % width for i in range(len(owners))]
-            source = runner.launch(draft, adjust=shift_by_acceptance(outputs, owners, choices, chain))
+            # None where the chain's bucket plans on the host: a host plan would be of the old lengths.
+            source = runner.launch(draft, adjust=shift_by_acceptance(outputs, owners, choices, chain), or_none=True)
         finally:
             pool.free(scratch)
+        if source is None:
+            return False
         self._launched = ChainAhead(source, runner, runner.generation, {e.row: b * width for b, e in enumerate(step.entries)},
                                     chain)
         self.launches_ahead += 1

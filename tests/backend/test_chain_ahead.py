@@ -4,7 +4,11 @@ after the read would make; the engine's outputs, drafts and acceptance do not ch
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -35,10 +39,15 @@ def _chain_step(rows, lengths, owners, chain, slot=300, firsts=None):
     ], mtp="chain")
 
 
-@pytest.mark.parametrize("requests,width,chain,padded", [(1, 1, 2, 1), (3, 2, 3, 8), (2, 4, 2, 8), (5, 1, 1, 8)])
-def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, width, chain, padded):
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "triton"])
+@pytest.mark.parametrize("requests,width,chain,padded,order", [(1, 1, 2, 1, "drafter"), (3, 2, 3, 8, "drafter"),
+                                                                (2, 4, 2, 8, "drafter"), (5, 1, 1, 8, "drafter"),
+                                                                (3, 2, 3, 8, "shuffled"), (1, 4, 3, 4, "shuffled")])
+def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, width, chain, padded, order, fused):
     """Every packed field of the shifted step (in a padded bucket layout) equals that of the chain step
-    packed on the host from the lengths and first tokens after the verify step."""
+    packed on the host from the lengths and first tokens after the verify step: through torch's
+    kernels and through the one Triton program (the interpreter on the CPU), with the drafter's
+    entry order (no index copied) and with entries in any order."""
     rng = random.Random(requests * 100 + width * 10 + chain)
     rows = rng.sample(range(1, 50), requests)
     lengths = [rng.randrange(0, 500) for _ in range(requests)]
@@ -53,6 +62,11 @@ def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, wid
     outputs = StepOutputs(verify, ints, shape, batch * verify_width, batch)
     owners = [b for b in range(requests) for _ in range(width)]
     choices = [i % width for i in range(len(owners))]
+    if order == "shuffled":
+        pairs = list(zip(owners, choices))
+        rng.shuffle(pairs)
+        pairs = pairs[::-1] if pairs == sorted(pairs) else pairs  # never the drafter's order
+        owners, choices = [o for o, _ in pairs], [c for _, c in pairs]
 
     layout = StepLayout(batch=padded * width, tokens=padded * width * chain, tails=padded * width * chain,
                         mask=padded * width * chain * chain, width=chain, kv=10_000)
@@ -65,13 +79,36 @@ def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, wid
     class Batch:
         fields = views
 
-    shift_by_acceptance(outputs, owners, choices, chain)(Batch())
+    shift_by_acceptance(outputs, owners, choices, chain, fused=fused)(Batch())
     after_lengths = [n + a + 1 for n, a in zip(lengths, n_acc)]
     firsts = [mtp_topk[o * topk + c] for o, c in zip(owners, choices)]
     want = PackedStep.allocate(layout, pin=False)
     want.fill(_chain_step(rows, after_lengths, owners, chain, firsts=firsts))
     for name, (start, count, dtype) in want.offsets.items():
         assert torch.equal(views[name], want.views(want.host)[name]), name
+
+
+# Compiled in a child process: the suite runs Triton's interpreter, which never compiles.
+_COMPILE_SHIFT_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from serving.speculation.chain_ahead import _shift_kernel as kernel
+pointers = {"INTS": "*i64", "INDEX": "*i64", "PREFIX": "*i64", "POS": "*i64", "KV_INDPTR": "*i32", "IDS": "*i64"}
+signature = {n: "constexpr" if n.isupper() and n not in pointers else pointers.get(n, "i32") for n in kernel.arg_names}
+for closed in (True, False):
+    src = ASTSource(kernel, signature=signature, constexprs={"CLOSED": closed, "BLOCK_E": 256, "BLOCK_R": 256})
+    triton.compile(src, target=GPUTarget("cuda", 90, 128))
+"""
+
+
+def test_shift_kernel_compiles_for_hopper():
+    """The shift's Triton program compiles for sm_90 in both layouts (no GPU needed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SHIFT_FOR_HOPPER], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_shift_refuses_what_it_cannot_index():
@@ -173,6 +210,8 @@ def test_launch_refuses_an_adjusted_step_planned_on_the_host(model):
     step = _chain_step([1], [0], [0], 2, slot=10)
     with pytest.raises(ValueError, match="plans on the device"):
         eng.runner.launch(step, adjust=lambda batch: None)
+    adjusted = []
+    assert eng.runner.launch(step, adjust=adjusted.append, or_none=True) is None and adjusted == []
     assert eng.drafter.launch_ahead is not None
 
 
