@@ -39,15 +39,18 @@ def _chain_step(rows, lengths, owners, chain, slot=300, firsts=None):
     ], mtp="chain")
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["torch", "triton"])
+@pytest.mark.parametrize("fused,on", [(False, "cpu"), (True, "cpu"), pytest.param(True, "cuda", marks=pytest.mark.gpu)],
+                         ids=["torch", "triton", "triton-cuda"])
 @pytest.mark.parametrize("requests,width,chain,padded,order", [(1, 1, 2, 1, "drafter"), (3, 2, 3, 8, "drafter"),
                                                                 (2, 4, 2, 8, "drafter"), (5, 1, 1, 8, "drafter"),
                                                                 (3, 2, 3, 8, "shuffled"), (1, 4, 3, 4, "shuffled")])
-def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, width, chain, padded, order, fused):
+def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, width, chain, padded, order, fused, on):
     """Every packed field of the shifted step (in a padded bucket layout) equals that of the chain step
     packed on the host from the lengths and first tokens after the verify step: through torch's
     kernels and through the one Triton program (the interpreter on the CPU), with the drafter's
     entry order (no index copied) and with entries in any order."""
+    if on == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     rng = random.Random(requests * 100 + width * 10 + chain)
     rows = rng.sample(range(1, 50), requests)
     lengths = [rng.randrange(0, 500) for _ in range(requests)]
@@ -59,7 +62,7 @@ def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, wid
     mtp_topk = [rng.randrange(1, 1000) for _ in range(batch * topk)]
     ints = torch.tensor([rng.randrange(-9, 9) for _ in range(batch * verify_width)] + n_acc
                         + [rng.randrange(9) for _ in range(batch + batch * verify_width)] + mtp_topk + [0] * 40)
-    outputs = StepOutputs(verify, ints, shape, batch * verify_width, batch)
+    outputs = StepOutputs(verify, ints.to(on), shape, batch * verify_width, batch)
     owners = [b for b in range(requests) for _ in range(width)]
     choices = [i % width for i in range(len(owners))]
     if order == "shuffled":
@@ -73,7 +76,7 @@ def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, wid
     before = _chain_step(rows, lengths, owners, chain)
     packed = PackedStep.allocate(layout, pin=False)
     packed.fill(before)
-    device = packed.host.clone()
+    device = packed.host.clone().to(on)
     views = packed.views(device)
 
     class Batch:
@@ -85,7 +88,7 @@ def test_shift_makes_the_step_a_proposal_after_the_read_would_make(requests, wid
     want = PackedStep.allocate(layout, pin=False)
     want.fill(_chain_step(rows, after_lengths, owners, chain, firsts=firsts))
     for name, (start, count, dtype) in want.offsets.items():
-        assert torch.equal(views[name], want.views(want.host)[name]), name
+        assert torch.equal(views[name].cpu(), want.views(want.host)[name]), name
 
 
 # Compiled in a child process: the suite runs Triton's interpreter, which never compiles.
