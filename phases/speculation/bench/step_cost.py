@@ -154,10 +154,10 @@ def bracketed_graph_calls(engine):
     for name, label in (("try_launch", DRAFT_RANGE), ("try_start", VERIFY_RANGE)):
         original = getattr(graphs, name)
 
-        def wrapped(step, *args, _original=original, _label=label):
+        def wrapped(step, *args, _original=original, _label=label, **kwargs):
             with torch.profiler.record_function(_label):
-                result = _original(step, *args)
-                if result is None:
+                result = _original(step, *args, **kwargs)
+                if result is None and not kwargs.get("planned_on_device"):  # else nothing runs at all
                     with torch.profiler.record_function(EAGER_MARK):
                         pass
                 return result
