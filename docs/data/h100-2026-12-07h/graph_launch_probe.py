@@ -1,5 +1,5 @@
-"""Host cost of one CUDA graph replay against its kernel count (straight-line graphs of tiny kernels),
-and of torch's replay() against a bare cudaGraphLaunch-only path. Prints a table; writes JSON to argv[1]."""
+"""Host cost of one CUDA graph replay against its kernel count (straight-line graphs of tiny kernels):
+alone, and queued back to back; and the device time per replay. Prints each row; writes JSON to argv[1]."""
 import json, sys, time
 import torch
 
