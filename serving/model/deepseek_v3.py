@@ -198,24 +198,34 @@ class DeepseekV3Model:
                 q = self._linear(rms_norm(self._linear(x, p + "q_a_proj"), self.w[p + "q_a_layernorm.weight"], 1e-6), p + "q_b_proj")
             latent = self._linear(x, p + "kv_a_proj_with_mqa")
         q = q.view(n, heads, nope + rope_dim)
-        # q's heads and the shared key as one [N, H + 1, rope] tensor: one rotation (elementwise, same values) instead of two.
-        if fused.available(x):
-            roped = fused.rope_q_and_key(q[..., nope:], latent[:, r:], *rope_tables, self.rope.interleave)
+        q_nope, norm_weight = q[..., :nope], self.w[p + "kv_a_layernorm.weight"]
+        absorbed = batch.mode != "extend"
+        q_in = None  # the absorbed attention's input [N, H, r + rope], when written in place
+        if fused.available(x):  # the rotation, the pool row and (absorbed) the input's rope columns in one kernel
+            if absorbed:
+                q_in = torch.empty((n, heads, r + rope_dim), dtype=q.dtype, device=x.device)
+                q_rope = q_in[..., r:]
+            else:
+                q_rope = torch.empty((n, heads, rope_dim), dtype=q.dtype, device=x.device)
+            fused.rope_and_kv_rows(q[..., nope:], q_rope, pool.layer(i), batch.out_slots, latent, r, norm_weight, 1e-6,
+                                   *rope_tables, self.rope.interleave)
         else:
+            # q's heads and the shared key as one [N, H + 1, rope] tensor: one rotation (same values) instead of two.
             roped = self.rope.apply(torch.cat([q[..., nope:], latent[:, None, r:]], dim=1), batch.positions, rope_tables)
-        q_nope, q_rope, k_rope = q[..., :nope], roped[:, :heads], roped[:, heads]
-        # Slots are distinct, but padding rows all write slot 0.
-        if fused.available(x):  # the norm, the concatenation and the store in one kernel
-            fused.write_kv_rows(pool.layer(i), batch.out_slots, latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6, k_rope)
-        else:
-            c_kv = rms_norm(latent[:, :r], self.w[p + "kv_a_layernorm.weight"], 1e-6)
+            q_rope, k_rope = roped[:, :heads], roped[:, heads]
+            c_kv = rms_norm(latent[:, :r], norm_weight, 1e-6)
+            # Slots are distinct, but padding rows all write slot 0.
             pool.layer(i).index_copy_(0, batch.out_slots, torch.cat([c_kv, k_rope], dim=-1).to(pool.dtype))
-        if batch.mode == "extend":
+        if not absorbed:
             out = backend.forward_extend(q_nope, q_rope, i, batch, self.w[p + "kv_b_proj.weight"], cfg.v_head_dim)
         else:
             # Per-head bmm over head-major views: the products einsum would run, without its host-side parsing.
-            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk[i]).transpose(0, 1)  # [N, H, r]
-            latent_out = backend.forward_absorbed(torch.cat([q_latent, q_rope], dim=-1), i, batch)  # [N, H, r]
+            if q_in is not None:  # into the input's latent columns: its rope columns are written
+                torch.bmm(q_nope.transpose(0, 1), self.w_uk[i], out=q_in[..., :r].transpose(0, 1))
+            else:
+                q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk[i]).transpose(0, 1)  # [N, H, r]
+                q_in = torch.cat([q_latent, q_rope], dim=-1)
+            latent_out = backend.forward_absorbed(q_in, i, batch)  # [N, H, r]
             out = torch.bmm(latent_out.transpose(0, 1), self.w_uv[i].transpose(1, 2)).transpose(0, 1)  # [N, H, v]
         return self._linear(out.reshape(n, heads * cfg.v_head_dim), p + "o_proj")
 

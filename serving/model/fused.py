@@ -1,6 +1,7 @@
-"""Fused elementwise kernels of a decode step: RMSNorm (with the residual add before it), the
-rotary embedding of q's rope heads and the shared rope key, the KV-pool row write (the latent's
-norm, the roped key beside it, the store at the token's slot) and the MLP's SiLU(gate) * up.
+"""Fused elementwise kernels of a decode step: RMSNorm (with the residual add before it), a
+layer's attention inputs (the rotary embedding of q's rope heads into the attention's input, and
+the KV-pool row: the latent's norm, the roped shared key beside it, the store at the token's
+slot) and the MLP's SiLU(gate) * up.
 
 Inside a captured step every small kernel costs about as much as a launch (1.5-2 µs), and
 a DeepSeek-V3 layer's norms and rope are ~35 of them in eager torch (RMSNorm alone is seven:
@@ -13,8 +14,13 @@ Decisions:
   once (torch rounds each product in a bf16 model: at most one bf16 ulp apart), and the order
   of the float32 norm sum differs. SiLU(gate) is rounded to the input dtype before it
   multiplies ``up``, as ``F.silu(gate) * up`` rounds it.
-- The pool row write replaces three kernels (norm, concatenation, ``index_copy_``) and the
-  activation two: 3 of a layer's kernels, 183 of a 61-layer step's.
+- The attention inputs are one kernel: q's rope heads go straight into the rope columns of the
+  absorbed attention's ``[N, H, rank + R]`` input, whose latent columns the W_UK product fills
+  (``torch.bmm(..., out=)``), so no concatenation copies the input; the shared key is rotated
+  in registers on its way into the pool row (the norm, the concatenation and ``index_copy_``
+  of the torch path). Three kernels of a layer become one (a rotation, a row write and the
+  input's concatenation before), 122 of a 61-layer step's; the activation is one kernel where
+  torch runs two.
 - CUDA tensors only (``available``); the CPU keeps the torch versions. Tests run these kernels
   under Triton's interpreter against them.
 """
@@ -64,86 +70,92 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 @triton.jit
-def _rope_kernel(Q, q_stride_n, q_stride_h, K, k_stride_n, Cos, Sin, Out, heads, half,
-                 INTERLEAVE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rope_and_kv_row_kernel(Q, q_stride_n, q_stride_h, QOut, qo_stride_n, qo_stride_h, Latent, latent_stride, W, Cos, Sin,
+                            Slots, Pool, pool_stride, heads, half, rank, eps,
+                            INTERLEAVE: tl.constexpr, NORM_DTYPE: tl.constexpr,
+                            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    live = (h <= heads) & (d < half)  # rows 0..heads-1: q's heads, row heads: the shared key
+    d = tl.arange(0, BLOCK_D)
+    d_live = d < half
     if INTERLEAVE:
         first, second = 2 * d, 2 * d + 1
     else:
         first, second = d, d + half
-    is_q = h < heads
+    cos = tl.load(Cos + token * half + d, mask=d_live, other=0.0).to(tl.float32)
+    sin = tl.load(Sin + token * half + d, mask=d_live, other=0.0).to(tl.float32)
+    q_dt = QOut.dtype.element_ty
+
+    # q's rope heads, rotated in float32 and rounded once, into the attention's input
+    h = tl.arange(0, BLOCK_H)[:, None]
+    live = (h < heads) & d_live[None, :]
     q_row = Q + token * q_stride_n + h * q_stride_h
-    k_row = K + token * k_stride_n + h * 0
-    x1 = tl.where(is_q, tl.load(q_row + first, mask=live & is_q, other=0.0), tl.load(k_row + first, mask=live & ~is_q, other=0.0))
-    x2 = tl.where(is_q, tl.load(q_row + second, mask=live & is_q, other=0.0), tl.load(k_row + second, mask=live & ~is_q, other=0.0))
-    cos = tl.load(Cos + token * half + d, mask=d < half, other=0.0).to(tl.float32)
-    sin = tl.load(Sin + token * half + d, mask=d < half, other=0.0).to(tl.float32)
-    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    out_row = Out + (token * (heads + 1) + h) * (2 * half)
-    dt = Out.dtype.element_ty
-    tl.store(out_row + d, (x1 * cos - x2 * sin).to(dt), mask=live)
-    tl.store(out_row + half + d, (x2 * cos + x1 * sin).to(dt), mask=live)
+    x1 = tl.load(q_row + first[None, :], mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(q_row + second[None, :], mask=live, other=0.0).to(tl.float32)
+    out_row = QOut + token * qo_stride_n + h * qo_stride_h
+    tl.store(out_row + d[None, :], (x1 * cos[None, :] - x2 * sin[None, :]).to(q_dt), mask=live)
+    tl.store(out_row + half + d[None, :], (x2 * cos[None, :] + x1 * sin[None, :]).to(q_dt), mask=live)
 
-
-def rope_q_and_key(q_rope: torch.Tensor, k_rope: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
-    """Rotate q's rope heads ``q_rope`` [N, H, R] and the shared key ``k_rope`` [N, R] (views;
-    unit last stride) with ``cos``/``sin`` [N, R/2] (contiguous, their dtype); returns
-    [N, H + 1, R] like ``RotaryEmbedding.apply`` on their concatenation (key last)."""
-    n, heads, width = q_rope.shape
-    half = width // 2
-    out = torch.empty((n, heads + 1, width), dtype=q_rope.dtype, device=q_rope.device)
-    if n:
-        _rope_kernel[(n,)](q_rope, q_rope.stride(0), q_rope.stride(1), k_rope, k_rope.stride(0), cos, sin, out, heads, half,
-                           INTERLEAVE=interleave, BLOCK_H=triton.next_power_of_2(heads + 1), BLOCK_D=triton.next_power_of_2(half))
-    return out
-
-
-@triton.jit
-def _kv_row_kernel(Latent, latent_stride, W, Key, key_stride, Slots, Pool, pool_stride, rank, rope, eps,
-                   NORM_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
+    # the pool row at the token's slot: [rms_norm(latent), the shared key rotated as q's heads are]
     slot = tl.load(Slots + token).to(tl.int64)
-    dt = Pool.dtype.element_ty
+    pool_row = Pool + slot * pool_stride
+    pool_dt = Pool.dtype.element_ty
+    key = Latent + token * latent_stride + rank
+    k1 = tl.load(key + first, mask=d_live, other=0.0).to(tl.float32)
+    k2 = tl.load(key + second, mask=d_live, other=0.0).to(tl.float32)
+    tl.store(pool_row + rank + d, (k1 * cos - k2 * sin).to(q_dt).to(NORM_DTYPE).to(pool_dt), mask=d_live)
+    tl.store(pool_row + rank + half + d, (k2 * cos + k1 * sin).to(q_dt).to(NORM_DTYPE).to(pool_dt), mask=d_live)
     cols = tl.arange(0, BLOCK_R)
-    live = cols < rank
-    x = tl.load(Latent + token * latent_stride + cols, mask=live, other=0.0)
+    c_live = cols < rank
+    x = tl.load(Latent + token * latent_stride + cols, mask=c_live, other=0.0)
     xf = x.to(tl.float32)
     scale = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / rank + eps)
     normed = (xf * scale).to(x.dtype)
-    w = tl.load(W + cols, mask=live, other=0.0)
+    w = tl.load(W + cols, mask=c_live, other=0.0)
     c_kv = (w.to(tl.float32) * normed.to(tl.float32)).to(NORM_DTYPE)  # rms_norm's output dtype, then the pool's
-    tl.store(Pool + slot * pool_stride + cols, c_kv.to(dt), mask=live)
-    kcols = tl.arange(0, BLOCK_K)
-    k = tl.load(Key + token * key_stride + kcols, mask=kcols < rope, other=0.0)
-    tl.store(Pool + slot * pool_stride + rank + kcols, k.to(NORM_DTYPE).to(dt), mask=kcols < rope)
+    tl.store(pool_row + cols, c_kv.to(pool_dt), mask=c_live)
 
 
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def write_kv_rows(pool_rows: torch.Tensor, slots: torch.Tensor, latent: torch.Tensor, weight: torch.Tensor, eps: float,
-                  key: torch.Tensor) -> None:
-    """Write each token's latent row ``[rms_norm(latent, weight), key]`` into ``pool_rows``
-    [S, rank + R] at its slot, in one kernel (the norm, the concatenation and the store).
+def rope_and_kv_rows(q_rope: torch.Tensor, q_out: torch.Tensor, pool_rows: torch.Tensor, slots: torch.Tensor,
+                     latent: torch.Tensor, rank: int, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                     sin: torch.Tensor, interleave: bool) -> None:
+    """A layer's attention inputs in one kernel: q's rope heads rotated into ``q_out``, and each
+    token's pool row ``[rms_norm(latent[:, :rank], weight), rope(latent[:, rank:])]`` written at
+    its slot.
 
-    latent: [N, rank] (any row stride, unit column stride); key: [N, R] (the roped shared key,
-    same); slots: [N] integer; weight: [rank]. The values are those of
-    ``pool_rows.index_copy_(0, slots, torch.cat([rms_norm(latent, weight, eps), key], -1).to(pool_rows.dtype))``;
+    q_rope: [N, H, R] (q's rope heads; any row and head strides, unit last stride);
+    q_out: [N, H, R] in q_rope's dtype, same strides rule (the rope columns of the absorbed
+    attention's input, so no concatenation follows); pool_rows: [S, rank + R];
+    slots: [N] integer; latent: [N, rank + R] (the kv_a projection's row: latent, then the
+    shared key; unit last stride); weight: [rank]; cos, sin: [N, R / 2] contiguous.
+
+    The values are those of ``RotaryEmbedding.apply`` on ``cat([q_rope, key[:, None]], 1)``
+    (rotated in float32, rounded once to q's dtype) followed by
+    ``pool_rows.index_copy_(0, slots, cat([rms_norm(latent[:, :rank], weight, eps), key_roped], -1))``;
     as there, a slot named twice gets one of its rows."""
-    n, rank = latent.shape
-    rope = key.shape[1]
-    if pool_rows.shape[1] != rank + rope:
-        raise ValueError(f"Expected pool rows of {rank + rope} (latent {rank} + key {rope}), got {pool_rows.shape[1]}")
-    if slots.shape != (n,) or key.shape[0] != n:
-        raise ValueError(f"Expected slots [{n}] and key [{n}, R], got {tuple(slots.shape)} and {tuple(key.shape)}")
-    norm_dtype = torch.promote_types(torch.promote_types(weight.dtype, latent.dtype), key.dtype)
+    n, heads, width = q_rope.shape
+    half = width // 2
+    if q_out.shape != q_rope.shape or q_out.dtype != q_rope.dtype:
+        raise ValueError(f"Expected q_out of shape {tuple(q_rope.shape)} and dtype {q_rope.dtype}, "
+                         f"got {tuple(q_out.shape)} and {q_out.dtype}")
+    if q_rope.stride(-1) != 1 or q_out.stride(-1) != 1 or latent.stride(-1) != 1:
+        raise ValueError(f"Expected unit last strides, got q_rope {q_rope.stride()}, q_out {q_out.stride()}, "
+                         f"latent {latent.stride()}")
+    if latent.shape != (n, rank + width) or pool_rows.shape[1] != rank + width:
+        raise ValueError(f"Expected latent [{n}, {rank + width}] and pool rows of {rank + width} (latent {rank} + "
+                         f"key {width}), got latent {tuple(latent.shape)} and pool rows of {pool_rows.shape[1]}")
+    if slots.shape != (n,) or cos.shape != (n, half) or sin.shape != (n, half):
+        raise ValueError(f"Expected slots [{n}] and cos, sin [{n}, {half}], got {tuple(slots.shape)}, "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    norm_dtype = torch.promote_types(torch.promote_types(weight.dtype, latent.dtype), q_rope.dtype)
     if n:
-        _kv_row_kernel[(n,)](latent, latent.stride(0), weight, key, key.stride(0), slots, pool_rows, pool_rows.stride(0),
-                             rank, rope, eps, NORM_DTYPE=_TRITON_DTYPES[norm_dtype],
-                             BLOCK_R=triton.next_power_of_2(rank), BLOCK_K=triton.next_power_of_2(rope), num_warps=4)
+        _rope_and_kv_row_kernel[(n,)](
+            q_rope, q_rope.stride(0), q_rope.stride(1), q_out, q_out.stride(0), q_out.stride(1), latent, latent.stride(0),
+            weight, cos.contiguous(), sin.contiguous(), slots, pool_rows, pool_rows.stride(0), heads, half, rank, eps,
+            INTERLEAVE=interleave, NORM_DTYPE=_TRITON_DTYPES[norm_dtype], BLOCK_H=triton.next_power_of_2(heads),
+            BLOCK_D=triton.next_power_of_2(half), BLOCK_R=triton.next_power_of_2(rank), num_warps=4)
 
 
 @triton.jit
