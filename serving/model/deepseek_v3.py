@@ -226,7 +226,10 @@ class DeepseekV3Model:
                 q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk[i]).transpose(0, 1)  # [N, H, r]
                 q_in = torch.cat([q_latent, q_rope], dim=-1)
             latent_out = backend.forward_absorbed(q_in, i, batch)  # [N, H, r]
-            out = torch.bmm(latent_out.transpose(0, 1), self.w_uv[i].transpose(1, 2)).transpose(0, 1)  # [N, H, v]
+            # into token-major rows [N, H, v], so o_proj reads them as they lie (the head-major
+            # product's reshape below would copy them first)
+            out = torch.empty((n, heads, cfg.v_head_dim), dtype=latent_out.dtype, device=x.device)
+            torch.bmm(latent_out.transpose(0, 1), self.w_uv[i].transpose(1, 2), out=out.transpose(0, 1))
         return self._linear(out.reshape(n, heads * cfg.v_head_dim), p + "o_proj")
 
     def _block(self, h: torch.Tensor, x: torch.Tensor, i: int, batch: ForwardBatch, pool: KVPool, backend: AttentionBackend,
