@@ -83,8 +83,12 @@ def _changed_text(changed: list[str], shown: int = 3) -> str:
             "record it again (docs/runner.md, 'Recording a phase again')")
 
 
-def _tag_missing_text(tag: str) -> str:
-    """Silence would read as "unchanged": say that the check could not run, and how to restore it."""
+def _tag_missing_text(tag: str, commit: str | None) -> str:
+    """Silence would read as "unchanged": say that the check could not run, and how to restore it;
+    or, with the commit found from the plan's base, which commit the check ran against."""
+    if commit:
+        return (f"tag {one_line(tag)} not found: the checkpoint's commit was found from its base, {commit[:12]} "
+                f"(fetch the tags, or tag it again: git tag -a {one_line(tag)} {commit[:12]})")
     return (f"tag {one_line(tag)} not found: what changed since the checkpoint cannot be told (fetch the tags, "
             "or tag the checkpoint's commit again)")
 
@@ -104,8 +108,8 @@ def _table(plan: Plan, view: StatusView, described: dict[str, str], facts: dict[
         table.add_row(
             "→" if phase.next else "",
             phase.id,
-            described[phase.id] + (f"; {_changed_text(record.changed)}" if record and record.changed else
-                                   f"; {_tag_missing_text(record.tag)}" if record and record.tag_missing else ""),
+            described[phase.id] + (f"; {_changed_text(record.changed)}" if record and record.changed else "")
+            + (f"; {_tag_missing_text(record.tag, record.commit)}" if record and record.tag_missing else ""),
             record.tag if record else "",
             record.time if record else "",
             (record.commit or "")[:12] if record else "",
@@ -127,8 +131,8 @@ def _plain(plan: Plan, view: StatusView, described: dict[str, str], facts: dict[
             lines.append(f"     checkpoint {record.tag} at {record.time}{commit}")
             if record.changed:
                 lines.append(f"     {_changed_text(record.changed)}")
-            elif record.tag_missing:
-                lines.append(f"     {_tag_missing_text(record.tag)}")
+            if record.tag_missing:
+                lines.append(f"     {_tag_missing_text(record.tag, record.commit)}")
         metrics, source = facts[phase.id].headline
         if metrics:
             lines.append(f"     {_metrics(plan, phase.id, metrics)}" + (f" ({source})" if record is None and source else ""))

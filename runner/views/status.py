@@ -5,6 +5,13 @@ commit cannot name its own hash, so the plan records the tag); elsewhere it is `
 commit, ``changed`` lists the files under the phase's ``paths`` that differ from it now: the
 checkpoint's evidence is of other code than the tree's (DVC's "changed" stage), so the phase
 is due to be recorded again.
+
+Decisions:
+- Without the tag (a clone that fetched no tags, as CI checkouts often are) the commit is found
+  from the plan's ``base``: the checkpoint commit is the one child of ``base`` on the way to
+  ``HEAD`` whose plan holds this checkpoint's tag, time and fingerprint (``git.child_recording``).
+  ``commit_from`` says which way it was found; ``tag_missing`` stays true, so status still asks
+  for the tag. When neither way finds it, nothing is claimed: ``changed`` is ``None``.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ class CheckpointView:
     metrics: dict[str, bool | int | float | str]
     open_targets: dict[str, dict] = field(default_factory=dict)  # metric -> OpenTarget.record()
     changed: list[str] | None = None  # files under the phase's paths changed since ``commit``; None: unknown
-    tag_missing: bool = False  # in git, but the tag names no commit: what changed since cannot be told
+    tag_missing: bool = False  # in git, but the tag names no commit
+    commit_from: str | None = None  # "tag", or "base" (found without the tag, see Decisions), None: not found
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -75,7 +83,13 @@ def plan_status(ws: Workspace) -> StatusView:
         checkpoint = None
         if phase.checkpoint is not None:
             record = phase.checkpoint
+            in_git = (ws.root / ".git").exists()
             commit = _tag_commit(ws, record.tag)
+            commit_from = "tag" if commit else None
+            if commit is None and in_git:
+                commit = git.child_recording(ws.root, record.base, ws.plan_rel,
+                                             [record.tag, record.time, record.fingerprint])
+                commit_from = "base" if commit else None
             checkpoint = CheckpointView(
                 phase=phase.id,
                 tag=record.tag,
@@ -87,7 +101,8 @@ def plan_status(ws: Workspace) -> StatusView:
                 metrics=dict(record.metrics),
                 open_targets={name: target.record() for name, target in record.open_targets.items()},
                 changed=_changed(ws, commit, phase.paths),
-                tag_missing=commit is None and (ws.root / ".git").exists(),
+                tag_missing=commit_from != "tag" and in_git,
+                commit_from=commit_from,
             )
         phases.append(
             PhaseView(
