@@ -85,9 +85,9 @@ def _changed_text(changed: list[str], shown: int = 3) -> str:
 
 def _tag_missing_text(tag: str, commit: str | None) -> str:
     """Silence would read as "unchanged": say that the check could not run, and how to restore it;
-    or, with the commit found from the plan's base, which commit the check ran against."""
+    or, with the commit found from its report, which commit the check ran against."""
     if commit:
-        return (f"tag {one_line(tag)} not found: the checkpoint's commit was found from its base, {commit[:12]} "
+        return (f"tag {one_line(tag)} not found: the checkpoint's commit was found from its report, {commit[:12]} "
                 f"(fetch the tags, or tag it again: git tag -a {one_line(tag)} {commit[:12]})")
     return (f"tag {one_line(tag)} not found: what changed since the checkpoint cannot be told (fetch the tags, "
             "or tag the checkpoint's commit again)")

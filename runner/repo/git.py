@@ -113,27 +113,6 @@ def blob(root: Path, revision: str, rel: str) -> bytes | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def child_recording(root: Path, base: str, rel: str, needles: list[str]) -> str | None:
-    """The one commit whose parent is ``base``, that lies between ``base`` and ``HEAD``, and whose
-    ``rel`` holds every string of ``needles``: how a checkpoint commit is found without its tag
-    (the plan records the commit it was made on, and the checkpoint's own values). ``None`` when
-    ``base`` is no full commit hash, is not in the history (a shallow clone, a rewritten one), or
-    when no single commit matches."""
-    if not (len(base) in (40, 64) and all(c in "0123456789abcdef" for c in base)):
-        return None  # never hand git an option or a revision expression from the plan
-    proc = run_git(root, "rev-list", "--ancestry-path", "--parents", f"{base}..HEAD", check=False)
-    if proc.returncode != 0:
-        return None
-    children = [line.split()[0] for line in proc.stdout.decode("ascii", "replace").splitlines()
-                if base in line.split()[1:]]
-    found = []
-    for child in children:
-        text = blob(root, child, rel)
-        if text is not None and all(needle.encode() in text for needle in needles):
-            found.append(child)
-    return found[0] if len(found) == 1 else None
-
-
 def config_value(root: Path, key: str) -> str | None:
     """``git config --get key``, or ``None`` when unset."""
     proc = run_git(root, "config", "--get", key, check=False)

@@ -7,11 +7,12 @@ checkpoint's evidence is of other code than the tree's (DVC's "changed" stage), 
 is due to be recorded again.
 
 Decisions:
-- Without the tag (a clone that fetched no tags, as CI checkouts often are) the commit is found
-  from the plan's ``base``: the checkpoint commit is the one child of ``base`` on the way to
-  ``HEAD`` whose plan holds this checkpoint's tag, time and fingerprint (``git.child_recording``).
-  ``commit_from`` says which way it was found; ``tag_missing`` stays true, so status still asks
-  for the tag. When neither way finds it, nothing is claimed: ``changed`` is ``None``.
+- Without the tag (a clone that fetched no tags, as CI checkouts often are) the commit is the
+  one that added the checkpoint's report (``git.adding_commit``: a checkpoint commits its report),
+  taken only when its parent is the plan's ``base`` and its plan holds this checkpoint's tag,
+  time and fingerprint; a shallow clone's first commit "adds" every file and fails the parent
+  check. ``commit_from`` says which way it was found; ``tag_missing`` stays true, so status still
+  asks for the tag. When neither way finds it, nothing is claimed: ``changed`` is ``None``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from runner.errors import GitError
 from runner.plan.order import next_phase
+from runner.plan.schema import Checkpoint
 from runner.repo import git
 from runner.workspace import Workspace
 
@@ -41,7 +43,7 @@ class CheckpointView:
     open_targets: dict[str, dict] = field(default_factory=dict)  # metric -> OpenTarget.record()
     changed: list[str] | None = None  # files under the phase's paths changed since ``commit``; None: unknown
     tag_missing: bool = False  # in git, but the tag names no commit
-    commit_from: str | None = None  # "tag", or "base" (found without the tag, see Decisions), None: not found
+    commit_from: str | None = None  # "tag", or "report" (found without the tag, see Decisions), None: not found
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -87,9 +89,8 @@ def plan_status(ws: Workspace) -> StatusView:
             commit = _tag_commit(ws, record.tag)
             commit_from = "tag" if commit else None
             if commit is None and in_git:
-                commit = git.child_recording(ws.root, record.base, ws.plan_rel,
-                                             [record.tag, record.time, record.fingerprint])
-                commit_from = "base" if commit else None
+                commit = _report_commit(ws, record)
+                commit_from = "report" if commit else None
             checkpoint = CheckpointView(
                 phase=phase.id,
                 tag=record.tag,
@@ -131,6 +132,15 @@ def _tag_commit(ws: Workspace, tag: str) -> str | None:
         return git.tag_commit(ws.root, tag)
     except GitError:
         return None
+
+
+def _report_commit(ws: Workspace, record: Checkpoint) -> str | None:
+    """The checkpoint's commit found without its tag (see Decisions), or ``None``."""
+    commit = git.adding_commit(ws.root, record.report)
+    if commit is None or git.rev(ws.root, f"{commit}^") != record.base:
+        return None
+    plan = git.blob(ws.root, commit, ws.plan_rel) or b""
+    return commit if all(value.encode() in plan for value in (record.tag, record.time, record.fingerprint)) else None
 
 
 def _changed(ws: Workspace, commit: str | None, paths: list[str]) -> list[str] | None:
